@@ -1,0 +1,167 @@
+"""Execute notebooks in a fresh kernel (refreshing their stored outputs) and time them.
+
+    python -m course_utils.notebook execute notebooks/01_autograd.ipynb ...
+    python -m course_utils.notebook bench [--runs 3] [notebooks ...]
+
+`execute` writes the notebook back with clean metadata: kernel ``python3``, no
+widget state, execution counts 1..N, and every machine path in the outputs made
+relative (repository root -> ``.``, site-packages -> ``<site-packages>``), the
+same forms that ``nbval_sanitize.cfg`` produces when nbval re-runs a notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import site
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from . import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
+KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def _path_replacements() -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for sp in sorted({*site.getsitepackages(), site.getusersitepackages()}, key=len, reverse=True):
+        pairs.append((str(Path(sp)) + os.sep, "<site-packages>/"))
+    pairs.append((sysconfig.get_paths()["stdlib"] + os.sep, "<stdlib>/"))
+    pairs.append((str(ROOT) + os.sep, "./"))
+    pairs.append((str(ROOT), "."))
+    pairs.append((str(Path.home()) + os.sep, "~/"))
+    return pairs
+
+
+_TMP = re.compile(re.escape(tempfile.gettempdir()) + r"/(tmp|pymp-|torchelastic_)[\w\-]+")
+
+
+def relativise(text: str) -> str:
+    """Replace this machine's absolute paths in `text` by portable forms."""
+    for old, new in _path_replacements():
+        text = text.replace(old, new)
+    return _TMP.sub("<tmp>", text)
+
+
+def _clean_output(out: dict) -> None:
+    for key in ("text", "traceback", "evalue"):
+        if key in out:
+            if isinstance(out[key], list):
+                out[key] = [relativise(t) for t in out[key]]
+            else:
+                out[key] = relativise(out[key])
+    data = out.get("data", {})
+    for mime in ("text/plain", "text/html", "text/markdown", "image/svg+xml"):
+        if mime in data:
+            val = data[mime]
+            data[mime] = [relativise(t) for t in val] if isinstance(val, list) else relativise(val)
+
+
+def _prepare(nb) -> None:
+    """Tag cells so nbclient treats them as nbval will (expected errors are allowed)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = cell.metadata.setdefault("tags", [])
+        if "NBVAL_RAISES_EXCEPTION" in cell.source and "raises-exception" not in tags:
+            tags.append("raises-exception")
+        if not tags:
+            del cell.metadata["tags"]
+
+
+def _finish(nb) -> None:
+    nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = dict(KERNEL)
+    lang = nb.metadata.setdefault("language_info", {})
+    for key in list(lang):
+        if key not in ("name", "pygments_lexer", "file_extension", "mimetype", "codemirror_mode", "nbconvert_exporter"):
+            del lang[key]
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        for out in cell.get("outputs", []):
+            _clean_output(out)
+
+
+def execute(path: Path | str, timeout: int = 600, write: bool = True) -> float:
+    """Run one notebook top to bottom in a fresh kernel; returns the seconds it took."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    _prepare(nb)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=False,
+        record_timing=False,
+    )
+    t0 = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - t0
+    _finish(nb)
+    if write:
+        nbformat.write(nb, path)
+    return elapsed
+
+
+def bench(paths: list[Path], runs: int = 3) -> list[tuple[str, float, float, float]]:
+    """Execute each notebook `runs` times (copies in its own folder); (name, median, min, max) seconds."""
+    rows = []
+    for p in paths:
+        times = []
+        for _ in range(runs):
+            with tempfile.NamedTemporaryFile(suffix=".ipynb", dir=p.parent, prefix=".bench-", delete=False) as tmp:
+                pass
+            try:
+                shutil.copy(p, tmp.name)
+                times.append(execute(Path(tmp.name), write=False))
+            finally:
+                os.unlink(tmp.name)
+        rows.append((p.name, statistics.median(times), min(times), max(times)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_utils.notebook")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("execute", help="re-run notebooks in place in a fresh kernel")
+    e.add_argument("notebooks", nargs="*")
+    b = sub.add_parser("bench", help="time each notebook (median of a few runs)")
+    b.add_argument("--runs", type=int, default=3)
+    b.add_argument("notebooks", nargs="*")
+    args = parser.parse_args(argv)
+    paths = [Path(p).resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        print("no such notebook: " + ", ".join(missing), file=sys.stderr)
+        return 2
+    if args.cmd == "execute":
+        for p in paths:
+            print(f"executing {p.relative_to(ROOT)} ...", end=" ", flush=True)
+            print(f"{execute(p):.1f} s", flush=True)
+        return 0
+    if args.runs < 1:
+        print("--runs must be at least 1", file=sys.stderr)
+        return 2
+    print(f"Executing each notebook {args.runs} time(s) in a fresh kernel on {os.cpu_count()} CPU cores ...", flush=True)
+    rows = bench(paths, args.runs)
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'notebook':{width}s}  {'median s':>8s}  {'min s':>6s}  {'max s':>6s}")
+    for name, med, lo, hi in rows:
+        print(f"{name:{width}s}  {med:8.1f}  {lo:6.1f}  {hi:6.1f}")
+    print(f"{'total (medians)':{width}s}  {sum(r[1] for r in rows):8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
