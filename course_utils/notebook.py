@@ -102,7 +102,7 @@ def execute(path: Path | str, timeout: int = 600, write: bool = True) -> float:
         timeout=timeout,
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
-        store_widget_state=False,
+        store_widget_state=True,  # False breaks nbclient on Output widgets; _finish() drops the state
         record_timing=False,
     )
     t0 = time.perf_counter()
