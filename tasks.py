@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -127,7 +126,10 @@ def cmd_lab(argv):
     if os.environ.get("JUPYTER_TOKEN", None) == "":
         die("JUPYTER_TOKEN is set but empty; unset it so Jupyter makes a token for you.")
     args = [str(py), "-m", "jupyter", "lab", "--notebook-dir=" + str(NOTEBOOKS),
-            "--ServerApp.ip=127.0.0.1"] + list(argv)
+            "--ServerApp.ip=127.0.0.1"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        args.append("--allow-root")  # containers and CI run as root; Jupyter refuses that without the flag
+    args += list(argv)
     return subprocess.call(args, cwd=str(ROOT))
 
 

@@ -54,7 +54,7 @@ def _installed(name: str) -> str | None:
 
 
 def check_python(version: tuple[int, int] = sys.version_info[:2]) -> Check:
-    text = "%d.%d" % version
+    text = f"{version[0]}.{version[1]}"
     if version >= (3, 11):
         return Check("python", "OK", f"Python {text}")
     return Check("python", "FAIL", f"Python {text}; the course needs 3.11+: install it, then {FIX_INSTALL}")

@@ -1,0 +1,67 @@
+"""Picture grids of the course's digits, and a small widget to browse them by class."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import data
+
+
+def pick(split: str = "train", label: int | None = None, n: int = 24, seed: int = 0) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Choose `n` images of a split (of one class if `label` is given), reproducibly.
+
+    Returns ``(images [n, 28, 28], labels, indices into the split)``.
+    """
+    if not 1 <= n <= 200:
+        raise ValueError(f"n must be between 1 and 200 images, got {n}")
+    if label is not None and label not in range(10):
+        raise ValueError(f"label must be a digit 0-9 or None, got {label!r}")
+    x, y = data.digits_tensors(split)
+    pool = torch.arange(len(y)) if label is None else torch.nonzero(y == label).flatten()
+    g = torch.Generator().manual_seed(seed)
+    chosen = pool[torch.randperm(len(pool), generator=g)[: min(n, len(pool))]].sort().values
+    return x[chosen, 0], [int(v) for v in y[chosen]], [int(i) for i in chosen]
+
+
+def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: int = 8, ax_size: float = 1.1):
+    """Draw images in a grid, each titled with its label. Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    n = len(images)
+    rows = max(1, int(np.ceil(n / cols)))
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * ax_size, rows * ax_size * 1.15), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i < n:
+            ax.imshow(images[i].numpy(), cmap="gray_r", vmin=0, vmax=1)
+            ax.set_title(str(labels[i]), fontsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def show(split: str = "train", label: int | None = None, n: int = 24, seed: int = 0):
+    """The gallery's view: pick images, draw them, return the figure."""
+    images, labels, _ = pick(split, label, n, seed)
+    which = "all digits" if label is None else f"digit {label}"
+    return draw_grid(images, labels, f"{n} {split} images, {which} (seed {seed})")
+
+
+def gallery_widget():
+    """Sliders for split, class, count and seed over :func:`show`."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    def update(split, label, n, seed):
+        show(split, None if label < 0 else label, n, seed)
+        plt.show()
+
+    return w.interactive(
+        update,
+        split=w.ToggleButtons(options=["train", "test"], value="train"),
+        label=w.IntSlider(value=-1, min=-1, max=9, description="digit (-1: all)"),
+        n=w.IntSlider(value=24, min=8, max=64, step=8, description="images"),
+        seed=w.IntSlider(value=0, min=0, max=20, description="seed"),
+    )

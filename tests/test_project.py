@@ -1,0 +1,163 @@
+"""The project's own wiring: pinned stack, the two commands, CI, and that nbval really compares."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from course_utils import ROOT
+from course_utils.doctor import read_pins
+
+sys.path.insert(0, str(ROOT))
+import tasks  # noqa: E402
+
+
+def test_requirements_are_all_exact_pins():
+    lines = [ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()]
+    lines = [ln for ln in lines if ln]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[\w.+]+", ln) for ln in lines), lines
+    pins = read_pins()
+    assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
+
+
+def test_environment_yml_agrees_with_requirements():
+    text = (ROOT / "environment.yml").read_text()
+    pip_block = text.split("- pip:", 1)[1]
+    conda = {}
+    for m in re.finditer(r"^\s*-\s*([A-Za-z0-9_.\-]+)==([\w.+]+)\s*$", pip_block, re.M):
+        conda[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    assert conda == read_pins()
+    assert re.search(r"^\s*-\s*python=3\.11\s*$", text, re.M)
+
+
+def test_make_targets_call_the_task_runner():
+    mk = (ROOT / "Makefile").read_text()
+    for target in ("lab", "test", "execute", "bench"):
+        assert re.search(rf"^{target}:.*\n\t@\$\(PYTHON\) tasks.py {target}$", mk, re.M), target
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.strip().splitlines()[-1] == "make test"
+
+
+def test_test_command_is_strict_parallel_nbval():
+    args = tasks.nbval_args()
+    assert "--nbval" in args and "--nbval-lax" not in args
+    assert args[args.index("--nbval-sanitize-with") + 1].endswith("nbval_sanitize.cfg")
+    assert int(args[args.index("--nbval-cell-timeout") + 1]) <= 600
+
+
+def test_stamp_is_keyed_on_requirements(tmp_path, monkeypatch):
+    before = tasks.stamp_value()
+    req = tmp_path / "requirements.txt"
+    req.write_text((ROOT / "requirements.txt").read_text() + "six==1.16.0\n")
+    monkeypatch.setattr(tasks, "REQUIREMENTS", req)
+    assert tasks.stamp_value() != before
+
+
+def test_an_up_to_date_venv_installs_nothing(monkeypatch):
+    if not (tasks.STAMP.exists() and tasks.STAMP.read_text().strip() == tasks.stamp_value()):
+        pytest.skip("this checkout's .venv was not made by tasks.py")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+    assert tasks.ensure_venv() == tasks.venv_python()
+    assert calls == []
+
+
+def test_offline_install_is_one_clear_line():
+    log = "ERROR: Could not find a version that satisfies the requirement torch==2.14.1\nERROR: No matching distribution found"
+    msg = tasks._explain_pip_failure(log)
+    assert "cannot reach a package index" in msg and "\n" not in msg
+
+
+def test_old_python_is_refused_in_one_line():
+    code = (
+        f"import sys, shutil; sys.path.insert(0, {str(ROOT)!r}); import tasks; "
+        "sys.version_info = (3, 8, 0, 'final', 0); shutil.which = lambda n: None; tasks.find_base_python()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: the course needs Python 3.11 or newer") and proc.stderr.count("\n") == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_make_lab_serves_notebooks_on_localhost_with_a_token(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
+    env.pop("JUPYTER_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tasks.py"), "lab", "--no-browser", f"--port={port}", "--ServerApp.port_retries=0"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 90
+        page = None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                page = urllib.request.urlopen(base + "/lab", timeout=5)  # follows the redirect to /login
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.5)
+        assert page is not None, "JupyterLab did not answer within 90 s"
+        body = page.read().decode()
+        assert page.url.startswith(base + "/login"), page.url
+        assert "token" in body.lower() or "password" in body.lower()
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(base + "/api/contents", timeout=5)
+        assert denied.value.code == 403
+        # the token the server made works, and it serves notebooks/
+        runtime = sorted(Path(tmp_path).glob("jpserver-*.json"))
+        token = json.loads(runtime[0].read_text())["token"]
+        assert token
+        listing = json.load(urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=5))
+        names = {item["name"] for item in listing["content"]}
+        assert "00_start_here.ipynb" in names
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_nbval_fails_when_a_stored_output_is_changed(tmp_path):
+    """Strict nbval is a regression test: a hand-edited stored output of 00_start_here fails the suite."""
+    source = ROOT / "notebooks" / "00_start_here.ipynb"
+    nb = json.loads(source.read_text())
+    for cell in nb["cells"]:
+        streams = [o for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+        if cell["cell_type"] == "code" and streams and "NBVAL_IGNORE_OUTPUT" not in "".join(cell["source"]):
+            text = "".join(streams[0]["text"])
+            streams[0]["text"] = text.replace("1", "7", 1) if "1" in text else text + "changed\n"
+            break
+    else:
+        pytest.fail("00_start_here.ipynb has no compared stdout output to change")
+    (tmp_path / "changed.ipynb").write_text(json.dumps(nb))
+    shutil.copy(source, tmp_path / "unchanged.ipynb")
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *tasks.nbval_args(),
+         "changed.ipynb", "unchanged.ipynb"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert re.search(r"\b1 failed\b", summary), summary
+    assert re.search(r"FAILED changed.ipynb::Cell \d+", proc.stdout), proc.stdout[-2000:]
