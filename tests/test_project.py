@@ -105,7 +105,7 @@ def test_make_lab_serves_notebooks_on_localhost_with_a_token(tmp_path):
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 90
+        deadline = time.time() + 180
         page = None
         while time.time() < deadline and proc.poll() is None:
             try:
@@ -113,7 +113,7 @@ def test_make_lab_serves_notebooks_on_localhost_with_a_token(tmp_path):
                 break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.5)
-        assert page is not None, "JupyterLab did not answer within 90 s"
+        assert page is not None, "JupyterLab did not answer within 180 s"
         body = page.read().decode()
         assert page.url.startswith(base + "/login"), page.url
         assert "token" in body.lower() or "password" in body.lower()
