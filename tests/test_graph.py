@@ -1,0 +1,349 @@
+"""Tests for course_utils.graph: the graph as data, text, DOT source, pictures and steps."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_utils import graph as G
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def sigmoid_example():
+    x = torch.tensor([2.0], requires_grad=True)
+    w = torch.tensor([3.0], requires_grad=True)
+    b = torch.tensor([1.0], requires_grad=True)
+    y = w * x + b
+    z = torch.sigmoid(y)
+    return x, w, b, y, z, {"x": x, "w": w, "b": b, "y": y, "z": z}
+
+
+@pytest.fixture
+def no_dot(monkeypatch, tmp_path):
+    """Hide any Graphviz `dot` program: PATH holds only an empty folder."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert not G.has_dot()
+
+
+@pytest.fixture
+def fake_dot(monkeypatch, tmp_path):
+    """A stand-in `dot` that records the DOT source it is given and answers with a real PNG."""
+    png = tmp_path / "reply.png"
+    from matplotlib.figure import Figure
+
+    Figure(figsize=(1, 1)).savefig(png, format="png")
+    received = tmp_path / "received.dot"
+    script = tmp_path / "bin" / "dot"
+    script.parent.mkdir()
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        f"open({str(received)!r}, 'wb').write(sys.stdin.buffer.read())\n"
+        f"sys.stdout.buffer.write(open({str(png)!r}, 'rb').read())\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(script.parent) + os.pathsep + os.environ.get("PATH", ""))
+    return received
+
+
+# ------------------------------------------------------------------ the graph as data and text
+
+
+def test_as_text_of_the_source_example():
+    _, _, _, _, z, params = sigmoid_example()
+    assert G.as_text(z, params) == (
+        "autograd graph of z: 6 nodes (backward starts at #0; '<-' lists a node's inputs)\n"
+        "#0 SigmoidBackward0 -> z (1,)  <- #1\n"
+        "#1 AddBackward0 -> y (1,)  <- #2, #3\n"
+        "#2 MulBackward0  <- #4, #5\n"
+        "#3 leaf b (1,)\n"
+        "#4 leaf w (1,)\n"
+        "#5 leaf x (1,)"
+    )
+
+
+def test_values_grads_and_saved_tensors():
+    x, w, b, y, z, params = sigmoid_example()
+    z.backward(retain_graph=True)
+    text = G.as_text(z, params, show_values=True, show_saved=True)
+    assert "#4 leaf w (1,) data=3 grad=0.00182" in text
+    assert "#3 leaf b (1,) data=1 grad=0.0009102" in text
+    assert "#1 AddBackward0 -> y (1,) data=7" in text
+    assert "saved by #0: result = z (1,) data=0.9991" in text
+    assert "saved by #2: other = x (1,)" in text and "saved by #2: self = w (1,)" in text
+    g = G.build_graph(z, params, show_saved=True)
+    kinds = [n.kind for n in g.nodes]
+    assert kinds.count("leaf") == 3 and kinds.count("saved") == 3
+    assert ("saved") in {k for *_, k in g.edges}
+
+
+def test_unnamed_tensors_and_the_default_root_name():
+    a = torch.ones(2, 3, requires_grad=True)
+    out = (a * 2).sum()
+    text = G.as_text(out)
+    assert text.splitlines()[0].startswith("autograd graph of output: 3 nodes")
+    assert "#0 SumBackward0 -> output scalar" in text
+    assert "#2 leaf (unnamed) (2, 3)" in text
+
+
+def test_shared_inputs_are_one_node():
+    x = torch.tensor([2.0], requires_grad=True)
+    g = G.build_graph(x * x)
+    assert len(g.nodes) == 2 and g.nodes[0].inputs == [1, 1]
+
+
+def test_no_graph_and_leaf():
+    t = torch.ones(3)
+    assert "no grad_fn, autograd recorded nothing" in G.as_text(t, {"t": t})
+    leaf = torch.ones(2, requires_grad=True)
+    assert G.as_text(leaf, {"w": leaf}) == "autograd graph of w: 1 node\n#0 leaf w (2,)"
+
+
+def test_freed_saved_tensors_are_reported_not_raised():
+    _, _, _, _, z, params = sigmoid_example()
+    z.backward()  # frees the saved tensors
+    assert "(freed)" in G.as_text(z, params, show_saved=True)
+
+
+def test_learner_errors_are_explained():
+    with pytest.raises(TypeError, match="need a torch.Tensor"):
+        G.build_graph([1.0])
+    with pytest.raises(TypeError, match=r"params\['w'\] should be a tensor"):
+        G.build_graph(torch.ones(1, requires_grad=True) * 2, {"w": 3.0})
+
+
+# ------------------------------------------------------------------ truncation of big graphs
+
+
+def chain(n: int) -> torch.Tensor:
+    x = torch.ones(1, requires_grad=True)
+    y = x
+    for _ in range(n):
+        y = y * 1.0001
+    return y
+
+
+def test_count_nodes_stops_at_the_limit():
+    y = chain(500)
+    assert G.count_nodes(y) == (501, False)
+    count, capped = G.count_nodes(y, limit=100)
+    assert capped and count == 100
+
+
+def test_large_graph_is_truncated_with_a_note(no_dot):
+    y = chain(10_000)
+    g = G.build_graph(y, max_nodes=40)
+    assert g.truncated and g.total == 10_001
+    assert g.nodes[-1].kind == "more" and g.nodes[-1].hidden == 10_001 - 40
+    text = G.as_text(g)
+    assert "10,001 nodes; showing the 40 nearest the output" in text
+    assert text.endswith("#40 ... 9,961 more nodes not shown")
+
+
+def test_drawing_10000_nodes_takes_under_a_second(no_dot):
+    G.draw(chain(3))  # warm up matplotlib (fonts) outside the measurement
+    for big in (chain(10_000), sum(torch.full((1,), float(i), requires_grad=True) for i in range(10_000))):
+        t0 = time.process_time()  # this process's CPU time: not inflated by other jobs on the machine
+        d = G.draw(big)
+        spent = time.process_time() - t0
+        assert d.graph.truncated and d.png.startswith(PNG)
+        assert spent < 1.0, f"drawing a 10,000-node graph took {spent:.2f} s of CPU"
+
+
+# ------------------------------------------------------------------ DOT source and both renderers
+
+
+def test_dot_source_is_deterministic_and_complete():
+    _, _, _, _, z, params = sigmoid_example()
+    g = G.build_graph(z, params, show_saved=True)
+    src = G.to_dot(g, highlight=2, edge_labels={(4, 2): "0.00182"})
+    assert src == G.to_dot(G.build_graph(z, params, show_saved=True), highlight=2,
+                           edge_labels={(4, 2): "0.00182"})
+    assert src.startswith("digraph autograd {") and src.rstrip().endswith("}")
+    assert 'rankdir=LR' in src and 'label="autograd graph of z\\n(6 nodes)"' in src
+    assert 'n0 [label="SigmoidBackward0\\n-> z (1,)", fillcolor="#c9f0d1"];' in src
+    assert 'n4 [label="w (1,)", fillcolor="#cfe2ff"];' in src
+    assert "n2 [" in src and "penwidth=3" in src.split("n2 [", 1)[1].split("\n", 1)[0]
+    assert 'n4 -> n2 [label=" 0.00182 "' in src
+    assert "n6 -> n0 [style=dashed" in src
+    assert src.count(" -> ") == len(g.edges)
+
+
+def test_dot_labels_are_escaped():
+    g = G.Graph([G.GraphNode(0, "leaf", "AccumulateGrad", 'a"b\\c', (1,))], 'a"b\\c', 1)
+    assert 'label="a\\"b\\\\c (1,)"' in G.to_dot(g)
+
+
+def test_long_graphs_run_top_to_bottom():
+    assert "rankdir=TB" in G.to_dot(G.build_graph(chain(30)))
+
+
+def test_matplotlib_path_without_dot(no_dot):
+    _, _, _, _, z, params = sigmoid_example()
+    d = G.draw(z, params, show_values=True, show_saved=True)
+    assert d.engine == "matplotlib"
+    assert d.png.startswith(PNG) and d._repr_png_() is d.png
+    assert repr(d) == G.as_text(z, params, show_values=True, show_saved=True)
+    assert d.dot_source.startswith("digraph")  # the DOT source is there even without `dot`
+
+
+def test_graphviz_requested_without_dot_says_how_to_install(no_dot):
+    _, _, _, _, z, params = sigmoid_example()
+    with pytest.raises(FileNotFoundError, match="apt-get install graphviz"):
+        G.draw(z, params, engine="graphviz")
+    with pytest.raises(ValueError, match="engine must be"):
+        G.draw(z, params, engine="svg")
+
+
+def test_graphviz_path_sends_the_dot_source_to_dot(fake_dot):
+    _, _, _, _, z, params = sigmoid_example()
+    d = G.draw(z, params)
+    assert d.engine == "graphviz"
+    assert d.png.startswith(PNG)
+    assert fake_dot.read_text() == d.dot_source
+
+
+def test_a_failing_dot_falls_back_to_matplotlib(monkeypatch, tmp_path):
+    bad = tmp_path / "dot"
+    bad.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    _, _, _, _, z, params = sigmoid_example()
+    with pytest.warns(UserWarning, match="drawing with matplotlib instead"):
+        d = G.draw(z, params)
+    assert d.engine == "matplotlib" and d.png.startswith(PNG)
+    with pytest.raises(RuntimeError, match="broken"):
+        G.draw(z, params, engine="graphviz")
+
+
+def _bundle(obj):
+    from IPython.core.formatters import DisplayFormatter
+
+    data, _ = DisplayFormatter().format(obj)
+    return data
+
+
+def test_both_paths_store_the_same_kinds_of_output(monkeypatch, tmp_path, fake_dot):
+    """What a notebook stores: PNG (not compared by nbval) + identical text/plain; no SVG."""
+    _, _, _, _, z, params = sigmoid_example()
+    with_dot = _bundle(G.draw(z, params, show_values=True))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    without = _bundle(G.draw(z, params, show_values=True))
+    assert set(with_dot) == set(without) == {"text/plain", "image/png"}
+    assert with_dot["text/plain"] == without["text/plain"]
+
+
+@pytest.mark.skipif(not G.has_dot(), reason="Graphviz's dot is not installed (CI installs it)")
+def test_real_graphviz_renders_a_png():
+    _, _, _, _, z, params = sigmoid_example()
+    d = G.draw(z, params, show_values=True, show_saved=True)
+    assert d.engine == "graphviz" and d.png.startswith(PNG) and len(d.png) > 2000
+    s = G.step_view(z, params, step=3)
+    assert s.engine == "graphviz" and s.png.startswith(PNG)
+
+
+def test_no_distutils_anywhere():
+    root = Path(G.__file__).resolve().parent
+    for path in root.rglob("*.py"):
+        assert "distutils" not in path.read_text(), f"{path.name} mentions distutils"
+
+
+# ------------------------------------------------------------------ the backward pass, step by step
+
+
+def test_backward_steps_follow_the_engine_order():
+    x, w, b, y, z, params = sigmoid_example()
+    steps = G.backward_steps(z, params)
+    assert [(s.node, s.op, s.name) for s in steps] == [
+        (0, "SigmoidBackward0", "z"),
+        (1, "AddBackward0", "y"),
+        (3, "AccumulateGrad", "b"),  # a leaf's gradient is stored as soon as it is complete
+        (2, "MulBackward0", None),
+        (4, "AccumulateGrad", "w"),
+        (5, "AccumulateGrad", "x"),
+    ]
+    s = torch.sigmoid(torch.tensor(7.0))
+    ds = (s * (1 - s)).item()
+    assert steps[0].grad_output.item() == 1.0
+    assert [t for t, _ in steps[0].grad_inputs] == [1]
+    assert steps[0].grad_inputs[0][1].item() == pytest.approx(ds, rel=1e-5)
+    assert [t for t, _ in steps[1].grad_inputs] == [2, 3]
+    mul = steps[3]
+    assert dict((t, g.item()) for t, g in mul.grad_inputs) == pytest.approx({4: 2 * ds, 5: 3 * ds}, rel=1e-5)
+    assert steps[4].is_leaf and steps[4].grad_inputs == ()
+    assert steps[4].grad_output.item() == pytest.approx(2 * ds, rel=1e-5)
+
+
+def test_backward_steps_leave_grads_as_they_were():
+    x, w, b, y, z, params = sigmoid_example()
+    G.backward_steps(z, params)
+    assert x.grad is None and w.grad is None and b.grad is None
+    w.grad = torch.tensor([5.0])
+    G.backward_steps(z, params)
+    assert w.grad.item() == 5.0 and x.grad is None
+    z.backward()  # the graph is still whole: backward_steps kept it
+    assert w.grad.item() == pytest.approx(5.0 + 1.8203e-3, rel=1e-4)
+
+
+def test_backward_steps_on_a_freed_graph_explain_what_to_do():
+    _, _, _, _, z, params = sigmoid_example()
+    z.backward()
+    with pytest.raises(RuntimeError, match="Run the forward computation again"):
+        G.backward_steps(z, params)
+    with pytest.raises(ValueError, match="no grad_fn"):
+        G.backward_steps(torch.ones(2, requires_grad=True))
+
+
+def test_backward_steps_non_scalar_shared_input_and_size_limit():
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    out = x * x
+    steps = G.backward_steps(out, {"x": x}, gradient=torch.tensor([1.0, 10.0]))
+    assert [s.op for s in steps] == ["MulBackward0", "AccumulateGrad"]
+    assert [t for t, _ in steps[0].grad_inputs] == [1, 1]  # both factors are x
+    assert steps[1].grad_output.tolist() == [2.0, 40.0]
+    with pytest.raises(ValueError, match="walks graphs of up to"):
+        G.backward_steps(chain(100))
+
+
+def test_format_step_text():
+    _, _, _, _, z, params = sigmoid_example()
+    g = G.build_graph(z, params)
+    steps = G.backward_steps(z, params, graph=g)
+    assert G.format_step(steps[1], g, len(steps)) == (
+        "step 2 of 6: #1 AddBackward0 (y)\n"
+        "  gradient in: dz/dy = 0.0009102\n"
+        "  sends 0.0009102 to #2 MulBackward0\n"
+        "  sends 0.0009102 to #3 leaf b"
+    )
+    assert G.format_step(steps[3], g) .splitlines()[1] == "  gradient in: dz/d(result of #2) = 0.0009102"
+    assert G.format_step(steps[4], g, 6).splitlines()[1].startswith("  w.grad += 0.00182")
+
+
+def test_step_view_is_the_widget_view(no_dot):
+    _, _, _, _, z, params = sigmoid_example()
+    v = G.step_view(z, params, step=3)
+    assert v.png.startswith(PNG) and v.engine == "matplotlib"
+    assert repr(v).startswith("step 4 of 6: #2 MulBackward0")
+    assert "penwidth=3" in v.dot_source and 'label=" 0.00182 "' in v.dot_source
+    with pytest.raises(IndexError, match="between 0 and 5"):
+        G.step_view(z, params, step=6)
+
+
+def test_stepper_widget_moves_through_the_steps(no_dot):
+    pytest.importorskip("ipywidgets")
+    _, _, _, _, z, params = sigmoid_example()
+    box = G.stepper_widget(z, params)
+    controls, image, text = box.children
+    play, slider = controls.children
+    assert (slider.min, slider.max, slider.value) == (1, 6, 1)
+    first = bytes(image.value)
+    assert first.startswith(PNG) and "step 1 of 6" in text.value
+    slider.value = 4
+    assert "step 4 of 6: #2 MulBackward0" in text.value and bytes(image.value) != first
