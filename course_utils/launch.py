@@ -61,7 +61,8 @@ class LaunchError(RuntimeError):
     """A rank of a distributed job failed (or the launcher itself did).
 
     Attributes: ``rank`` (None if no rank is to blame), ``exit_code``, ``log_dir``,
-    ``logs`` (stdout text per rank), ``stderr`` (stderr text per rank).
+    ``logs`` (stdout text per rank), ``stderr`` (stderr text per rank), ``elapsed`` (seconds
+    from the launcher's start to the end of the job).
     """
 
     def __init__(
@@ -73,8 +74,10 @@ class LaunchError(RuntimeError):
         log_dir: str = "",
         logs: Sequence[str] = (),
         stderr: Sequence[str] = (),
+        elapsed: float = 0.0,
     ) -> None:
         super().__init__(message)
+        self.elapsed = elapsed
         self.rank = rank
         self.exit_code = exit_code
         self.log_dir = log_dir
@@ -647,22 +650,24 @@ def torchrun(
     job.close_widget()
     stdout, stderr = job.stdout(), job.stderr()
     restarts = max(job.attempts) if job.attempts else 0
-    common = {"log_dir": str(logs_path), "logs": stdout, "stderr": stderr}
+    common = {"log_dir": str(logs_path), "logs": stdout, "stderr": stderr, "elapsed": elapsed}
 
     if rc is None:
         if mode == "notebook":
+            sys.stderr.write("[launcher] what the ranks printed before the timeout:\n")
             job.show_grouped(sys.stderr)
             job.show_errors(sys.stderr)
         raise LaunchTimeout(
             f"{script_str} ({nproc} processes) did not finish within its timeout of {timeout:g} s, "
             "so every process of the job was stopped.\n"
-            "A rank that waits forever (e.g. in all_reduce or barrier) usually means another rank "
-            "never reached the same call. What each rank printed is above; its logs are in "
-            f"{logs_path}",
+            "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
+            "rank never made the same call.\n"
+            f"Logs of each rank R: {logs_path}/rankR.stdout.log and rankR.stderr.log",
             **common,
         )
     if rc != 0:
         if mode == "notebook":
+            sys.stderr.write("[launcher] what the ranks printed before the failure:\n")
             job.show_grouped(sys.stderr)
         failures, root = _failures(job.launcher_text())
         err_lines = [e.splitlines() for e in stderr]

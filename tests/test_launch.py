@@ -1,0 +1,366 @@
+"""course_utils.launch: real 2-rank jobs (success, a failing rank, a hung job), bad arguments, the CLI.
+
+Each launch starts ``python -m torch.distributed.run`` (a few seconds); the scripts live in
+tests/scripts/ and the ones that do not need torch (hang, two_ranks) avoid importing it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from course_utils import ROOT, launch
+from course_utils.launch import LaunchError, LaunchResult, LaunchTimeout, torchrun
+
+SCRIPTS = "tests/scripts"
+HAS_PROC = os.path.isdir("/proc/self")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def sanitize(text: str) -> str:
+    """Apply nbval_sanitize.cfg the way nbval does (to see what a notebook would compare)."""
+    pairs, regex = [], None
+    for line in (ROOT / "nbval_sanitize.cfg").read_text().splitlines():
+        if line.startswith("regex:"):
+            regex = line[len("regex:"):].strip()
+        elif line.startswith("replace:") and regex is not None:
+            pairs.append((regex, line[len("replace:"):].strip()))
+            regex = None
+    for regex, replace in pairs:
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes whose environment holds LAUNCH_TEST_TAG=tag (zombies show no environment)."""
+    marker = f"LAUNCH_TEST_TAG={tag}\0".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if marker in fh.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
+class FakeWidget:
+    """Stands in for the Jupyter widget (records what it was asked to show)."""
+
+    instances: list[FakeWidget] = []
+
+    def __init__(self, title: str, nproc: int) -> None:
+        self.title, self.nproc, self.updates, self.closed = title, nproc, [], False
+        FakeWidget.instances.append(self)
+
+    def update(self, status, tails, force=False):
+        self.updates.append((status, {r: list(t) for r, t in tails.items()}))
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def notebook_mode(monkeypatch):
+    """Make torchrun() behave as in a Jupyter kernel, with a fake widget."""
+    FakeWidget.instances = []
+    monkeypatch.setattr(launch, "_in_notebook", lambda: True)
+    monkeypatch.setattr(launch, "_Widget", FakeWidget)
+    return FakeWidget
+
+
+@pytest.fixture(autouse=True)
+def _torch_imported():
+    # torchrun() imports course_utils.dist (and torch) lazily; import it before any timing.
+    import course_utils.dist  # noqa: F401
+
+
+# ---------------------------------------------------------------------- no processes
+
+
+def test_bad_arguments_are_refused_before_anything_starts(monkeypatch):
+    def no_popen(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_popen)
+    ok = f"{SCRIPTS}/two_ranks.py"
+    with pytest.raises(FileNotFoundError, match=r"script not found: scripts/nope\.py"):
+        torchrun("scripts/nope.py", nproc=2, cwd=ROOT / "notebooks")
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="nproc must be"):
+            torchrun(ok, nproc=bad, cwd=ROOT)
+    with pytest.raises(ValueError, match="timeout must be"):
+        torchrun(ok, nproc=2, timeout=0, cwd=ROOT)
+    with pytest.raises(ValueError, match="max_restarts"):
+        torchrun(ok, nproc=2, max_restarts=-1, cwd=ROOT)
+    with pytest.raises(ValueError, match="backend must be"):
+        torchrun(ok, nproc=2, backend="mpi", cwd=ROOT)
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(RuntimeError, match="nccl needs one GPU per rank"):
+        torchrun(ok, nproc=gpus + 1, backend="nccl", cwd=ROOT)
+
+
+def test_missing_script_message_is_deterministic_after_sanitizing():
+    with pytest.raises(FileNotFoundError) as info:
+        torchrun("scripts/nope.py", nproc=2, cwd=ROOT / "notebooks")
+    assert sanitize(str(info.value)).startswith(
+        "script not found: scripts/nope.py (looked for ./notebooks/scripts/nope.py)."
+    )
+
+
+def test_tail_reads_whole_lines_only(tmp_path):
+    path = tmp_path / "log"
+    tail = launch._Tail(path)
+    assert tail.read() == []  # not there yet
+    path.write_bytes(b"one\ntw")
+    assert tail.read() == ["one"]
+    with open(path, "ab") as fh:
+        fh.write("o \u00e9\nthree".encode())
+    assert tail.read() == ["two \u00e9"]
+    assert tail.read(final=True) == ["three"]
+    assert tail.text() == "one\ntwo \u00e9\nthree\n"
+
+
+SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+scripts/x.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-01-01_00:00:00
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 6227)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 6227
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 6228)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_failure_summary_and_blame():
+    failures, root = launch._failures(SUMMARY)
+    assert failures == {0: -15, 1: 1} and root == 1
+    boom = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "x.py", line 3', "[rank1]: ValueError: boom"]
+    peer = ["[rank0]: Traceback (most recent call last):",
+            "[rank0]: RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:1671"]
+    # The rank that crashed is named, not the one that only lost its peer.
+    assert launch._blame({0: 1, 1: 1}, 0, [peer, boom]) == 1
+    assert launch._blame(failures, root, [[], boom]) == 1
+    # The same error on every rank (e.g. a bad argument): the lowest rank, whatever came first.
+    same = [["Traceback (most recent call last):", "ValueError: bad"]] * 2
+    assert launch._blame({0: 1, 1: 1}, 1, same) == 0
+    # No summary at all: the lowest rank with a traceback.
+    assert launch._blame({}, None, [[], boom]) == 1
+    assert launch._error_tail(["noise", *boom]) == [
+        "Traceback (most recent call last):", '  File "x.py", line 3', "ValueError: boom"]
+    assert "SIGKILL" in launch._describe_exit(-9) and launch._describe_exit(3) == "exit code 3"
+
+
+def test_result_repr_is_deterministic():
+    r = LaunchResult("scripts/a.py", 2, "gloo", 0, elapsed=1.234, logs=["x\n", "y\n"],
+                     stderr=["", ""], log_dir="/tmp/tmpabc")
+    assert repr(r) == "LaunchResult(script='scripts/a.py', nproc=2, backend='gloo', returncode=0)"
+    assert r.lines(1) == ["y"]
+
+
+def test_widget_html_escapes_and_shows_every_rank():
+    w = launch._Widget.__new__(launch._Widget)
+    w.title, w.nproc = "torchrun a.py", 2
+    page = w._html("running", {0: ["<b>", "x", "y", "z"]})
+    assert "rank 0" in page and "rank 1" in page and "&lt;b&gt;" not in page  # only the last 3 lines
+    assert "x\ny\nz" in page
+
+
+def test_cli_exit_codes_without_launching(monkeypatch, capsys):
+    def fake(exc):
+        def run(*a, **k):
+            raise exc
+        return run
+
+    monkeypatch.setattr(launch, "torchrun", fake(LaunchTimeout("too slow")))
+    assert launch.main(["x.py"]) == 124
+    monkeypatch.setattr(launch, "torchrun", fake(LaunchError("rank 1 failed", rank=1, exit_code=3)))
+    assert launch.main(["x.py", "--nproc", "3"]) == 3
+    monkeypatch.setattr(launch, "torchrun", fake(LaunchError("killed", rank=0, exit_code=-9)))
+    assert launch.main(["x.py"]) == 1
+    monkeypatch.setattr(launch, "torchrun", fake(ValueError("nproc must be ...")))
+    assert launch.main(["x.py", "--nproc", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "LaunchTimeout: too slow" in err and "LaunchError: rank 1 failed" in err
+    seen = {}
+    monkeypatch.setattr(launch, "torchrun", lambda script, **k: seen.update(script=script, **k) or
+                        LaunchResult(script, 2, "gloo", 0, 1.0, ["", ""], ["", ""], "/tmp/tmpx"))
+    assert launch.main(["s.py", "--nproc", "3", "--backend", "gloo", "--", "--epochs", "2", "--"]) == 0
+    assert seen["script"] == "s.py" and seen["nproc"] == 3 and seen["backend"] == "gloo"
+    assert seen["args"] == ["--epochs", "2", "--"]
+
+
+# ------------------------------------------------------------------------- real jobs
+
+
+@pytest.mark.slow
+def test_success_per_rank_logs_and_grouped_output(notebook_mode, capsys):
+    from course_utils.dist import choose_backend
+
+    result = torchrun(f"{SCRIPTS}/ok.py", nproc=2, args=["--lines", 3], env={"EXTRA": 7},
+                      timeout=300, cwd=ROOT)
+    assert result.returncode == 0 and result.nproc == 2 and result.restarts == 0
+    assert result.elapsed > 0
+    backend = choose_backend(2)
+    omp = str(max(1, launch._cores() // 2))
+    for r in range(2):
+        env = [("COURSE_BACKEND", backend), ("EXTRA", "7"), ("OMP_NUM_THREADS", omp),
+               ("PYTHONUNBUFFERED", "1")]
+        assert result.lines(r) == [f"line {i} from rank {r}" for i in range(3)] + [
+            f"world 2 backend {backend} env {env}"]
+        assert "a warning on stderr" in result.stderr[r]
+        # per-rank log files, under stable names
+        assert (Path(result.log_dir) / f"rank{r}.stdout.log").read_text() == result.logs[r]
+        assert "a warning on stderr" in (Path(result.log_dir) / f"rank{r}.stderr.log").read_text()
+    out = capsys.readouterr()
+    # Grouped by rank, in rank order, whatever order the lines were written in.
+    assert out.out == "".join(f"[rank {r}] {line}\n" for r in range(2) for line in result.lines(r))
+    assert "[rank 1] a warning on stderr" in out.err
+    (widget,) = notebook_mode.instances
+    assert widget.closed and widget.title.startswith(f"torchrun {SCRIPTS}/ok.py on 2 processes")
+
+
+@pytest.mark.slow
+def test_two_jobs_at_once_stream_whole_lines(capsys):
+    """Two jobs at the same time (each gets its own free port); lines stay whole and in order."""
+    other: dict[str, object] = {}
+
+    def run_other():
+        try:
+            other["result"] = torchrun(f"{SCRIPTS}/two_ranks.py", nproc=2, args=[50], show=False,
+                                       timeout=300, cwd=ROOT)
+        except Exception as exc:  # reported below
+            other["error"] = exc
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    result = torchrun(f"{SCRIPTS}/two_ranks.py", nproc=2, args=[200], timeout=300, cwd=ROOT)
+    thread.join(timeout=400)
+    assert "error" not in other, other.get("error")
+    for res, n in ((result, 200), (other["result"], 50)):
+        for r in range(2):
+            assert res.logs[r] == "".join(f"rank {r} line {i}\n" for i in range(n)) + (
+                f"rank {r} done, no newline at the end\n")
+    # In a terminal (not Jupyter) lines stream live with a [rank N] prefix.
+    streamed = capsys.readouterr().out.splitlines()
+    for r in range(2):
+        mine = [line for line in streamed if line.startswith(f"[rank {r}] ")]
+        assert mine == [f"[rank {r}] {line}" for line in result.lines(r)]
+    assert len(streamed) == 2 * 201
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_failing_rank_is_named_promptly(notebook_mode, capsys):
+    tag = uuid.uuid4().hex
+    script = f"{SCRIPTS}/fail.py"
+    with pytest.raises(LaunchError) as info:
+        torchrun(script, nproc=2, timeout=300, env={"LAUNCH_TEST_TAG": tag}, cwd=ROOT)
+    reported = time.time()
+    exc = info.value
+    assert not isinstance(exc, LaunchTimeout)
+    assert exc.rank == 1 and exc.exit_code == 1
+    # Promptly: rank 0 would wait in its barrier for 600 s; the error comes seconds after rank 1 died.
+    failed_at = float(re.search(r"failing at ([\d.]+)", exc.logs[1]).group(1))
+    assert reported - failed_at < 30, reported - failed_at
+    assert exc.elapsed < 150
+    log = Path(exc.log_dir) / "rank1.stderr.log"
+    assert "ValueError: rank 1 cannot go on" in log.read_text()
+    line = next(i for i, x in enumerate((ROOT / script).read_text().splitlines(), 1)
+                if "raise ValueError" in x)
+    # The message names rank, exit code, traceback tail and log, and is deterministic once sanitized.
+    assert sanitize(str(exc)) == (
+        f"rank 1 of 2 failed with exit code 1 running {script}\n"
+        "Last lines of its error output:\n"
+        "    Traceback (most recent call last):\n"
+        f'      File "./{script}", line {line}, in <module>\n'
+        '        raise ValueError("rank 1 cannot go on")\n'
+        "    ValueError: rank 1 cannot go on\n"
+        "Its full log: <tmp>/rank1.stderr.log (every rank's logs are in <tmp>)"
+    )
+    assert tagged_processes(tag) == []
+    # In a notebook the output so far goes to stderr (not compared by nbval), the widget is gone.
+    out = capsys.readouterr()
+    assert out.out == "" and "[rank 0] rank 0 started" in out.err
+    assert notebook_mode.instances[0].closed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_hung_job_is_killed_at_its_timeout(tmp_path):
+    tag = uuid.uuid4().hex
+    limit = 15.0
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        torchrun(f"{SCRIPTS}/hang.py", nproc=2, timeout=limit, show=False, cwd=ROOT,
+                 env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
+    took = time.monotonic() - t0
+    assert limit <= took < limit + launch.GRACE_S + 5, took
+    pid_files = sorted(tmp_path.glob("rank*.pid"))
+    assert len(pid_files) == 2, "the ranks did not start before the timeout (machine too busy?)"
+    pids = [int(p) for f in pid_files for p in f.read_text().split()]  # 2 ranks + their children
+    assert [p for p in pids if alive(p)] == []  # rank 0 ignored SIGTERM: it was SIGKILLed
+    assert tagged_processes(tag) == []  # nor the launcher, nor anything else of the job
+    exc = info.value
+    assert exc.logs == ["rank 0 waiting forever\n", "rank 1 waiting forever\n"]
+    assert sanitize(str(exc)) == (
+        f"{SCRIPTS}/hang.py (2 processes) did not finish within its timeout of T s, so every "
+        "process of the job was stopped.\n"
+        "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
+        "rank never made the same call.\n"
+        "Logs of each rank R: <tmp>/rankR.stdout.log and rankR.stderr.log"
+    )
+
+
+@pytest.mark.slow
+def test_command_line():
+    cmd = [sys.executable, "-m", "course_utils", "launch", f"{SCRIPTS}/two_ranks.py", "--nproc", "2",
+           "--timeout", "300", "--", "3"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for r in range(2):
+        assert [x for x in lines if x.startswith(f"[rank {r}]")] == [
+            f"[rank {r}] rank {r} line {i}" for i in range(3)] + [
+            f"[rank {r}] rank {r} done, no newline at the end"]
+    missing = subprocess.run([*cmd[:4], "nope.py"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "script not found: nope.py" in missing.stderr
