@@ -153,7 +153,7 @@ class Graph:
 def _fmt_shape(shape: tuple[int, ...] | None) -> str:
     if shape is None:
         return ""
-    return "scalar" if len(shape) == 0 else "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    return "(scalar)" if len(shape) == 0 else "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _fmt_number(v: float) -> str:
@@ -493,17 +493,20 @@ def _render_graphviz(dot_source: str, dot: str | None = None) -> bytes:
     return proc.stdout
 
 
-def _order_layers(g: Graph, rank: list[int]) -> list[list[int]]:
-    """Nodes of each layer, ordered to reduce edge crossings (two barycenter sweeps)."""
+def _order_layers(rank: list[int], links: list[tuple[int, int]]) -> list[list[int]]:
+    """Items of each layer, ordered to reduce edge crossings (barycenter sweeps).
+
+    `links` join an item to one in the next layer down: ``(a, b)`` with ``rank[a] == rank[b] + 1``.
+    """
     nlayers = max(rank) + 1
     layers: list[list[int]] = [[] for _ in range(nlayers)]
-    for n in g.nodes:
-        layers[rank[n.id]].append(n.id)
-    consumers: dict[int, list[int]] = {n.id: [] for n in g.nodes}
-    feeds: dict[int, list[int]] = {n.id: [] for n in g.nodes}
-    for src, dst, _ in g.edges:
-        consumers[src].append(dst)
-        feeds[dst].append(src)
+    for u, r in enumerate(rank):
+        layers[r].append(u)
+    down: dict[int, list[int]] = {u: [] for u in range(len(rank))}
+    up: dict[int, list[int]] = {u: [] for u in range(len(rank))}
+    for a, b in links:
+        down[a].append(b)
+        up[b].append(a)
     pos = {u: i for layer in layers for i, u in enumerate(layer)}
 
     def sweep(order: range, neighbours: dict[int, list[int]]) -> None:
@@ -515,9 +518,9 @@ def _order_layers(g: Graph, rank: list[int]) -> list[list[int]]:
             for i, u in enumerate(layers[k]):
                 pos[u] = i
 
-    for _ in range(2):
-        sweep(range(1, nlayers), consumers)
-        sweep(range(nlayers - 2, -1, -1), feeds)
+    for _ in range(3):
+        sweep(range(1, nlayers), down)
+        sweep(range(nlayers - 2, -1, -1), up)
     return layers
 
 
@@ -529,19 +532,38 @@ def _render_matplotlib(
     edge_labels: Mapping[tuple[int, int], str] | None = None,
     dpi: int = 96,
 ) -> bytes:
-    """A layered drawing of `g` with matplotlib alone (no system package needed)."""
+    """A layered drawing of `g` with matplotlib alone (no system package needed).
+
+    Edges that skip layers are routed through invisible waypoints, one per layer they cross,
+    so that they go around boxes instead of through them (Sugiyama-style layout).
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch
 
     edge_labels = dict(edge_labels or {})
     rank = _layers(g)
-    layers = _order_layers(g, rank)
     lr = _direction(g) == "LR"
     fs = 9.0  # points
     char_w, line_h, pad_w, pad_h = 0.62 * fs / 72, 1.35 * fs / 72, 0.16, 0.10  # inches
     labels = {n.id: n.lines(g.show_values) for n in g.nodes}
     size = {u: (max(len(s) for s in lab) * char_w + pad_w, len(lab) * line_h + pad_h) for u, lab in labels.items()}
+
+    # waypoints: items len(nodes).. stand for an edge crossing a layer
+    item_rank = list(rank)
+    links: list[tuple[int, int]] = []
+    routes: list[tuple[int, int, str, list[int]]] = []
+    for src, dst, kind in g.edges:
+        chain = []
+        for r in range(rank[src] - 1, rank[dst], -1):
+            chain.append(len(item_rank))
+            item_rank.append(r)
+            size[chain[-1]] = (0.05, 0.12) if lr else (0.12, 0.05)
+        hops = [src, *chain, dst]
+        links += [(hops[i], hops[i + 1]) for i in range(len(hops) - 1) if item_rank[hops[i]] == item_rank[hops[i + 1]] + 1]
+        routes.append((src, dst, kind, chain))
+    layers = _order_layers(item_rank, links)
+
     gap_layer, gap_node, margin, title_h = (0.55 if lr else 0.45), (0.22 if lr else 0.18), 0.2, 0.6
     if edge_labels:  # room for the gradient written on the highlighted edges
         longest = max(len(v) for v in edge_labels.values())
@@ -588,17 +610,28 @@ def _render_matplotlib(
             return (x + w / 2, y) if outgoing else (x - w / 2, y)
         return (x, y - h / 2) if outgoing else (x, y + h / 2)
 
-    for src, dst, kind in g.edges:
+    for src, dst, kind, chain in routes:
         hot = (src, dst) in edge_labels
-        p, q = anchor(src, True), anchor(dst, False)
+        points = [anchor(src, True), *(centre[d] for d in chain), anchor(dst, False)]
         color = _COLORS["hot"] if hot else (_COLORS["saved_edge"] if kind == "saved" else _COLORS["edge"])
         style = "--" if kind == "saved" else (":" if kind == "more" else "-")
-        arrow = "<|-" if hot else ("-" if kind == "saved" else "-|>")
-        ax.annotate("", xy=q, xytext=p, zorder=1,
-                    arrowprops=dict(arrowstyle=arrow, color=color, lw=(2.2 if hot else 1.0) * scale,
-                                    linestyle=style, shrinkA=0, shrinkB=0,
-                                    mutation_scale=10 * scale))
+        lw = (2.2 if hot else 1.0) * scale
+        if len(points) > 2:
+            xs, ys = zip(*points[:-1], strict=True)
+            ax.plot(xs, ys, color=color, lw=lw, linestyle=style, zorder=1, solid_capstyle="round")
+        p, q = points[-2], points[-1]
+        if hot:  # the gradient flows backwards: the arrow points at the input
+            ax.annotate("", xy=points[0], xytext=points[1], zorder=1,
+                        arrowprops=dict(arrowstyle="-|>", color=color, lw=lw, shrinkA=0, shrinkB=0,
+                                        mutation_scale=10 * scale))
+            ax.plot([p[0], q[0]], [p[1], q[1]], color=color, lw=lw, zorder=1)
+        else:
+            ax.annotate("", xy=q, xytext=p, zorder=1,
+                        arrowprops=dict(arrowstyle="-" if kind == "saved" else "-|>", color=color,
+                                        lw=lw, linestyle=style, shrinkA=0, shrinkB=0,
+                                        mutation_scale=10 * scale))
         if hot:
+            p, q = points[0], points[1]
             ax.text((p[0] + q[0]) / 2, (p[1] + q[1]) / 2, edge_labels[(src, dst)], ha="center",
                     va="center", fontsize=8 * scale, color=_COLORS["hot"], zorder=4,
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))

@@ -89,7 +89,7 @@ def test_unnamed_tensors_and_the_default_root_name():
     out = (a * 2).sum()
     text = G.as_text(out)
     assert text.splitlines()[0].startswith("autograd graph of output: 3 nodes")
-    assert "#0 SumBackward0 -> output scalar" in text
+    assert "#0 SumBackward0 -> output (scalar)" in text
     assert "#2 leaf (unnamed) (2, 3)" in text
 
 
