@@ -1,0 +1,203 @@
+"""Chapter 05: the source's ``main_worker`` skeleton (section 4.5) as a real training script.
+
+Runs on the CPU (gloo) and on GPUs (nccl, one process per GPU) unchanged:
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/train.py
+    torchrun --nproc-per-node 8 scripts/train.py --bf16 --compile          # one 8-GPU machine
+    python scripts/train.py --help                                          # every flag
+
+Resumes from OUT_DIR/last.pt when it exists, so the same command continues an interrupted
+run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_utils.device import seed_everything
+from course_utils.dist import DistContext, cleanup, rprint, setup
+from course_utils.pipeline import (
+    MetricsWriter,
+    TrainConfig,
+    atomic_save,
+    build_model,
+    evaluate,
+    format_config,
+    get_rng_state,
+    load_checkpoint,
+    load_splits,
+    parse_config,
+    restart_count,
+    save_checkpoint,
+    seed_worker,
+    set_rng_state,
+    sync_buffers,
+)
+
+CRASH_EXIT_CODE = 13
+
+
+def log(ctx: DistContext, *args: object) -> None:
+    """Print on rank 0 only (the other ranks hold the same numbers after the all-reduces)."""
+    if ctx.is_main:
+        rprint(*args)
+
+
+def train(cfg: TrainConfig, ctx: DistContext) -> dict:
+    """The whole pipeline on this rank; returns the run's summary (the same on every rank)."""
+    out = Path(cfg.out_dir)
+    device = ctx.device
+    log(ctx, "config:\n" + format_config(cfg, ctx.world_size, ctx.backend))
+
+    # 1. Data: in-memory tensors, a held-out validation split, a DistributedSampler for training.
+    splits = load_splits(cfg.val_fraction, cfg.seed)
+    train_sampler = DistributedSampler(splits.train, num_replicas=ctx.world_size, rank=ctx.rank,
+                                       shuffle=True, seed=cfg.seed)
+    loader_gen = torch.Generator()
+    workers = cfg.num_workers
+    train_loader = DataLoader(
+        splits.train, batch_size=cfg.batch_size, sampler=train_sampler, num_workers=workers,
+        pin_memory=device.type == "cuda", worker_init_fn=seed_worker if workers else None,
+        generator=loader_gen, persistent_workers=workers > 0, timeout=60 if workers else 0,
+    )
+
+    # 2. Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model).to(device)
+    ckpt = load_checkpoint(out / "last.pt", map_location=device, config=cfg) if cfg.resume else None
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    net = torch.compile(ddp_model) if cfg.compile else ddp_model
+
+    # 3. Optimiser, schedule, loss.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr,
+                                                    total_steps=cfg.epochs * len(train_loader))
+    criterion = nn.CrossEntropyLoss()
+
+    start_epoch, elapsed, train_s, train_cpu_s = 0, 0.0, 0.0, 0.0
+    seed_everything(cfg.seed + 1 + ctx.rank)  # dropout masks differ between ranks
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        start_epoch = ckpt["epoch"]
+        extra = ckpt["extra"]
+        elapsed, train_s, train_cpu_s = extra["elapsed_s"], extra["train_s"], extra["train_cpu_s"]
+        if len(ckpt["rng"]) == ctx.world_size:
+            set_rng_state(ckpt["rng"][ctx.rank])
+        else:
+            log(ctx, f"note: checkpoint written by {len(ckpt['rng'])} ranks, now {ctx.world_size}: "
+                     "random streams restart (the run continues, not bit for bit)")
+        log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restart_count()})")
+    metrics = MetricsWriter(out / "metrics.jsonl", keep_through=start_epoch) if ctx.is_main else None
+
+    show_bar = cfg.progress and ctx.is_main and sys.stderr.isatty()
+    if show_bar:
+        from tqdm.auto import tqdm
+    n_train = len(splits.train)
+
+    # 4. Training loop.
+    for epoch in range(start_epoch, cfg.epochs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch * 1009 + ctx.rank)  # worker seeds
+        model.train()
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of loss x n, n]
+        bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
+        for step, (images, labels) in enumerate(train_loader):
+            if (epoch + 1 == cfg.crash_at_epoch and ctx.rank == cfg.crash_rank and restart_count() == 0
+                    and step == len(train_loader) // 2):
+                rprint(f"rank {ctx.rank}: dying on purpose in epoch {epoch + 1}, step {step} (fault drill)")
+                os._exit(CRASH_EXIT_CODE)
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                outputs = net(images)
+                loss = criterion(outputs.float(), labels)
+            loss.backward()
+            if cfg.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            sums += torch.stack([loss.detach().double() * len(labels),
+                                 torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        last_batch_loss = loss.item()  # what the skeleton printed: one batch of one rank
+        t_train, c_train = time.perf_counter() - t0, time.process_time() - c0
+
+        # 5. Evaluation on every rank's shard, counts all-reduced (each sample counted once).
+        dist.all_reduce(sums)
+        train_loss = (sums[0] / sums[1]).item()
+        sync_buffers(model)  # every rank evaluates, and saves, rank 0's BatchNorm statistics
+        val = evaluate(model, splits.val, ctx.rank, ctx.world_size, device, cfg.eval_batch_size, cfg.bf16)
+        test = (evaluate(model, splits.test, ctx.rank, ctx.world_size, device, cfg.eval_batch_size, cfg.bf16)
+                if cfg.test_every_epoch else None)
+
+        # 6. Checkpoint: rank 0 writes, with every rank's random state; the others wait.
+        rng_states: list = [None] * ctx.world_size
+        dist.all_gather_object(rng_states, get_rng_state())
+        elapsed += time.perf_counter() - t0
+        train_s += t_train
+        train_cpu_s += c_train
+        if ctx.is_main:
+            save_checkpoint(out / "last.pt", model=model, optimizer=optimizer, scheduler=scheduler,
+                            epoch=epoch + 1, rng_states=rng_states, config=cfg,
+                            extra={"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s})
+            row = {"epoch": epoch + 1, "train_loss": train_loss, "last_batch_loss": last_batch_loss,
+                   "val_loss": val.loss, "val_acc": val.accuracy, "val_correct": val.correct,
+                   "val_total": val.total, "lr": scheduler.get_last_lr()[0], "train_s": train_s, "train_cpu_s": train_cpu_s,
+                   "elapsed_s": elapsed, "samples_per_s": sums[1].item() / t_train,
+                   "restart": restart_count()}
+            if test is not None:
+                row.update(test_acc=test.accuracy, test_loss=test.loss)
+            metrics.write(row)
+            rprint(f"epoch {epoch + 1}/{cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val.loss:.4f}  "
+                   f"val_acc {100 * val.accuracy:.2f}% ({val.correct}/{val.total})  ({t_train:.2f} s)")
+        dist.barrier()
+        if epoch + 1 == cfg.stop_after_epoch:
+            log(ctx, f"stopping after epoch {epoch + 1} (--stop-after-epoch): resume with the same command")
+            return {"stopped_at": epoch + 1}
+
+    # 7. Final test accuracy, the same way.
+    sync_buffers(model)
+    test = evaluate(model, splits.test, ctx.rank, ctx.world_size, device, cfg.eval_batch_size, cfg.bf16)
+    summary = {"epochs": cfg.epochs, "test_acc": test.accuracy, "test_correct": test.correct,
+               "test_total": test.total, "test_loss": test.loss, "train_s": train_s, "elapsed_s": elapsed,
+               "world_size": ctx.world_size, "train_samples": n_train, "samples_per_s": cfg.epochs * n_train / max(train_s, 1e-9)}
+    if ctx.is_main:
+        atomic_save(model.state_dict(), out / "final.pt")
+        (out / ".summary.json.tmp").write_text(json.dumps(summary, indent=1) + "\n")
+        os.replace(out / ".summary.json.tmp", out / "summary.json")
+    log(ctx, f"test accuracy {100 * test.accuracy:.2f}% ({test.correct}/{test.total}), "
+             f"test loss {test.loss:.4f}")
+    log(ctx, f"training time {train_s:.1f} s over {cfg.epochs} epochs ({summary['samples_per_s']:.0f} samples per s)")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(argv)
+    ctx = setup()
+    try:
+        train(cfg, ctx)
+    finally:
+        cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""course_utils.pipeline and chapter 05's training script: configuration, models, evaluation across
+ranks, atomic checkpoints, exact resume, and (slow) the elastic restart with real processes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import socket
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from course_utils import ROOT
+from course_utils.pipeline import (
+    MLP,
+    CheckpointError,
+    MetricsWriter,
+    ShardSampler,
+    SmallCNN,
+    TrainConfig,
+    all_reduce_sums,
+    atomic_save,
+    build_model,
+    confusion_matrix,
+    evaluate,
+    format_config,
+    get_rng_state,
+    interrupted_save,
+    load_checkpoint,
+    load_splits,
+    local_eval_sums,
+    max_abs_diff,
+    padding_report,
+    parse_config,
+    read_metrics,
+    save_checkpoint,
+    seed_worker,
+    set_rng_state,
+    shard_indices,
+)
+
+SCRIPT = ROOT / "notebooks" / "scripts" / "train.py"
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+def test_defaults_and_flags():
+    assert parse_config([]) == TrainConfig()
+    cfg = parse_config(["--model", "mlp", "--epochs", "3", "--no-resume", "--bf16", "--out-dir", "x"])
+    assert (cfg.model, cfg.epochs, cfg.resume, cfg.bf16, cfg.out_dir) == ("mlp", 3, False, True, "x")
+
+
+def test_bad_values_are_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--model", "resnet"])
+    assert "unknown model 'resnet'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="val_fraction"):
+        TrainConfig(val_fraction=1.5)
+
+
+def test_config_printout_has_no_machine_path():
+    text = format_config(TrainConfig(out_dir="/some/where/run1"), world_size=2, backend="gloo")
+    assert "/some/where" not in text and ".../run1" in text
+    assert "global_batch      64" in text and "backend           gloo" in text
+    assert "runs/train" in format_config(TrainConfig())
+
+
+# ------------------------------------------------------------------------------------ models
+
+def test_models_by_name():
+    assert sum(p.numel() for p in build_model("mlp").parameters()) == 203_530  # the source's count
+    assert isinstance(build_model("mlp"), MLP) and isinstance(build_model("cnn"), SmallCNN)
+    x = torch.zeros(4, 1, 28, 28)
+    for name in ("mlp", "cnn"):
+        assert build_model(name)(x).shape == (4, 10)
+    with pytest.raises(ValueError, match="choose one of cnn, mlp"):
+        build_model("vit")
+
+
+def test_splits_are_fixed_and_disjoint():
+    s = load_splits(0.1, seed=0)
+    assert (len(s.train), len(s.val), len(s.test)) == (1294, 144, 359)
+    again = load_splits(0.1, seed=0)
+    assert torch.equal(s.val.tensors[0], again.val.tensors[0])
+    # no validation image is also a training image
+    flat_train = {hash(t.numpy().tobytes()) for t in s.train.tensors[0]}
+    assert not any(hash(v.numpy().tobytes()) in flat_train for v in s.val.tensors[0][:20])
+
+
+# ------------------------------------------------------------------ evaluation across ranks
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [0, 1, 5, 359])
+def test_shards_cover_every_index_exactly_once(n, world):
+    seen = [i for r in range(world) for i in shard_indices(n, r, world)]
+    assert sorted(seen) == list(range(n))
+
+
+def test_padding_report_counts_the_duplicate():
+    text = padding_report(359, 2)
+    assert "DistributedSampler: 360 evaluated, 1 counted twice" in text
+    assert "ShardSampler:       359 evaluated, 0 counted twice" in text
+
+
+def _predictable_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return SmallCNN().eval()
+
+
+def test_metric_summed_over_shards_counts_each_sample_once(one_thread):
+    """What all_reduce does, done by hand for two ranks: sums of the shards = the whole set."""
+    data = load_splits().test
+    model = _predictable_model()
+    dev = torch.device("cpu")
+    whole = local_eval_sums(model, DataLoader(data, batch_size=128), dev)
+    shards = sum(local_eval_sums(model, DataLoader(data, batch_size=128, sampler=ShardSampler(len(data), r, 2)), dev)
+                 for r in range(2))
+    assert shards[2].item() == len(data) == 359
+    assert shards[1].item() == whole[1].item()
+    assert shards[0].item() == pytest.approx(whole[0].item(), rel=1e-6)  # float32 sums per batch
+    padded = sum(local_eval_sums(model, DataLoader(data, batch_size=128, sampler=DistributedSampler(
+        data, num_replicas=2, rank=r, shuffle=False)), dev) for r in range(2))
+    assert padded[2].item() == 360  # the sampler's padding: one image counted twice
+
+
+def test_all_reduce_is_a_noop_without_a_process_group():
+    t = torch.tensor([1.0, 2.0])
+    assert all_reduce_sums(t) is t and t.tolist() == [1.0, 2.0]
+
+
+def _eval_worker(rank: int, world: int, init: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        r = evaluate(_predictable_model(), load_splits().test, rank, world, torch.device("cpu"), batch_size=64)
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump({"correct": r.correct, "total": r.total, "loss": r.loss}, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_all_reduced_metric_on_two_real_processes(tmp_path, one_thread):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "result")
+    mp.spawn(_eval_worker, args=(2, f"file://{tmp_path / 'store'}", out), nprocs=2, join=True)
+    results = [json.loads(open(f"{out}.{r}").read()) for r in range(2)]
+    whole = evaluate(_predictable_model(), load_splits().test, 0, 1, torch.device("cpu"))
+    for r in results:  # every rank holds the global numbers, each image counted once
+        assert (r["correct"], r["total"]) == (whole.correct, whole.total) and r["total"] == 359
+        assert r["loss"] == pytest.approx(whole.loss, rel=1e-6)
+
+
+def test_confusion_matrix():
+    cm = confusion_matrix(torch.tensor([0, 1, 1, 2]), torch.tensor([0, 1, 2, 2]), 3)
+    assert cm.tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+def test_interrupted_atomic_write_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_save({"epoch": 1, "w": torch.ones(1000)}, path)
+    with interrupted_save(0.5), pytest.raises(OSError, match="simulated crash"):
+        atomic_save({"epoch": 2, "w": torch.zeros(1000)}, path)
+    ckpt = load_checkpoint(path)
+    assert ckpt["epoch"] == 1 and torch.equal(ckpt["w"], torch.ones(1000))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # the partial temp file is gone
+
+
+def test_crash_between_write_and_rename_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    atomic_save({"epoch": 1}, path)
+
+    def dies(src, dst):
+        raise KeyboardInterrupt  # the job is killed right before the rename
+
+    monkeypatch.setattr(os, "replace", dies)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save({"epoch": 2}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_plain_torch_save_interrupted_leaves_a_corrupt_file(tmp_path):
+    path = tmp_path / "last.pt"
+    torch.save({"epoch": 1, "w": torch.ones(1000)}, path)
+    with interrupted_save(0.5), pytest.raises(OSError):
+        torch.save({"epoch": 2, "w": torch.zeros(1000)}, path)
+    with pytest.raises(CheckpointError, match="half-written"):
+        load_checkpoint(path)
+
+
+def test_checkpoint_roundtrip_with_rng_states_and_weights_only(tmp_path):
+    model = build_model("mlp")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=10)
+    model(torch.randn(2, 784)).sum().backward()
+    opt.step()
+    sched.step()
+    torch.manual_seed(5)
+    np.random.seed(5)
+    random.seed(5)
+    state = get_rng_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    save_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt, scheduler=sched, epoch=3,
+                    rng_states=[state], config=TrainConfig(model="mlp"))
+    ckpt = load_checkpoint(tmp_path / "c.pt", config=TrainConfig(model="mlp"))  # weights_only inside
+    assert ckpt["epoch"] == 3 and ckpt["scheduler"]["last_epoch"] == 1
+    assert max_abs_diff(ckpt["model"], model.state_dict()) == 0.0
+    set_rng_state(ckpt["rng"][0])
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
+
+
+def test_resuming_with_another_configuration_is_refused(tmp_path):
+    atomic_save({"epoch": 1, "config": TrainConfig(model="mlp").to_dict()}, tmp_path / "last.pt")
+    with pytest.raises(CheckpointError, match="model: 'mlp' -> 'cnn'"):
+        load_checkpoint(tmp_path / "last.pt", config=TrainConfig(model="cnn"))
+    assert load_checkpoint(tmp_path / "missing.pt") is None
+
+
+def test_max_abs_diff():
+    a = {"w": torch.zeros(3)}
+    assert max_abs_diff(a, {"w": torch.tensor([0.0, 0.5, -1.0])}) == 1.0
+    with pytest.raises(ValueError, match="different keys"):
+        max_abs_diff(a, {"v": torch.zeros(3)})
+
+
+# --------------------------------------------------------------------------- metrics, workers
+
+def test_metrics_writer_drops_rows_of_epochs_that_are_re_run(tmp_path):
+    path = tmp_path / "m.jsonl"
+    w = MetricsWriter(path)
+    for e in (1, 2, 3):
+        w.write({"epoch": e, "loss": 1.0 / e})
+    MetricsWriter(path, keep_through=2)  # resumed from the checkpoint of epoch 2
+    assert [r["epoch"] for r in read_metrics(path)] == [1, 2]
+    MetricsWriter(path)  # a fresh run starts an empty file
+    assert read_metrics(path) == []
+
+
+def test_seed_worker_seeds_numpy_and_random_from_torch():
+    torch.manual_seed(1234)
+    seed_worker(0)
+    a = (np.random.rand(), random.random())
+    torch.manual_seed(1234)
+    seed_worker(0)
+    assert (np.random.rand(), random.random()) == a
+
+
+# ------------------------------------------------------------------------ the script itself
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("ch05_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def world_of_one(monkeypatch, one_thread):
+    """Run the script in this process as a world of one gloo rank (fast: no new processes)."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "COURSE_BACKEND": "gloo"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    script = _load_script()
+    full = load_splits()
+
+    def small_splits(val_fraction=0.1, seed=0):  # a quarter of the images: the same logic, faster
+        def cut(ds, n):
+            return TensorDataset(*(t[:n] for t in ds.tensors))
+        return type(full)(cut(full.train, 320), cut(full.val, 64), cut(full.test, 90))
+
+    monkeypatch.setattr(script, "load_splits", small_splits)
+
+    def run(*argv):
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+        return script.main(["--no-progress", "--epochs", "3", *map(str, argv)])
+
+    run.script = script
+    return run
+
+
+def test_resume_after_interruption_equals_uninterrupted(world_of_one, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a)
+    world_of_one("--out-dir", b, "--stop-after-epoch", 1)  # interrupted after epoch 1
+    assert load_checkpoint(b / "last.pt")["epoch"] == 1 and not (b / "final.pt").exists()
+    world_of_one("--out-dir", b)  # the same command again: resumes from epoch 1
+    wa = torch.load(a / "final.pt", weights_only=True)
+    wb = torch.load(b / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, wb) == 0.0
+    ma, mb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
+    assert [r["epoch"] for r in mb] == [1, 2, 3]
+    assert [r["train_loss"] for r in ma] == [r["train_loss"] for r in mb]
+    summary = json.loads((b / "summary.json").read_text())
+    assert summary["test_total"] == 90
+
+
+def test_resume_without_the_random_state_is_not_exact(world_of_one, tmp_path, monkeypatch):
+    """The check above has teeth: skip restoring the RNG states (dropout masks) and the weights differ."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a)
+    world_of_one("--out-dir", b, "--stop-after-epoch", 1)
+    monkeypatch.setattr(world_of_one.script, "set_rng_state", lambda state: None)
+    world_of_one("--out-dir", b)
+    wa = torch.load(a / "final.pt", weights_only=True)
+    wb = torch.load(b / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, wb) > 0.0
+
+
+@pytest.mark.slow
+def test_elastic_restart_after_a_crash_equals_uninterrupted(tmp_path):
+    """Two real ranks; rank 1 dies in epoch 2; torchrun --max-restarts 1 restarts; same weights."""
+    from course_utils.launch import torchrun
+
+    common = ["--model", "mlp", "--epochs", "3", "--no-progress"]
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    ref = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "ref"], timeout=240,
+                   backend="gloo", show=False, env=env)
+    crash = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "el", "--crash-at-epoch", 2],
+                     timeout=240, backend="gloo", max_restarts=1, show=False, env=env)
+    assert ref.restarts == 0 and crash.restarts == 1
+    assert "dying on purpose in epoch 2" in crash.attempts[0][1]
+    assert "resumed from last.pt: 1 epoch(s) done (restart 1)" in crash.logs[0]
+    wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
+    wb = torch.load(tmp_path / "el" / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, wb) == 0.0
+    s = json.loads((tmp_path / "el" / "summary.json").read_text())
+    assert s["test_total"] == 359 and s["world_size"] == 2
