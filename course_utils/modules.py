@@ -49,6 +49,7 @@ __all__ = [
     "format_stats",
     "format_summary",
     "hook_count",
+    "init_depth_results",
     "init_linear_",
     "linear_params",
     "mlp_param_formula",
@@ -347,7 +348,7 @@ class LayerStats:
 
 
 class ActivationRecorder:
-    """Record per-layer output statistics with forward hooks (and gradient norms with backward hooks).
+    """Record per-layer output statistics with forward hooks (and gradient norms during backward).
 
     Use it as a context manager so the hooks are always removed::
 
@@ -357,7 +358,9 @@ class ActivationRecorder:
         rec.stats  # one LayerStats per hooked module, in the order they ran
 
     By default every leaf module is hooked except ``nn.Flatten`` and ``nn.Identity``;
-    pass `types` to hook only some kinds (``types=(nn.ReLU,)``).
+    pass `types` to hook only some kinds (``types=(nn.ReLU,)``). With ``backward=True`` the
+    forward hook also puts a gradient hook on each output tensor, which records the norm of
+    d loss / d output when ``backward()`` runs.
     """
 
     def __init__(self, model: nn.Module, types: tuple[type, ...] | None = None, backward: bool = False) -> None:
@@ -380,11 +383,8 @@ class ActivationRecorder:
         if self.handles:
             return self
         for name, module in self.model.named_modules():
-            if not self._wanted(name, module):
-                continue
-            self.handles.append(module.register_forward_hook(self._forward_hook(name)))
-            if self.backward:
-                self.handles.append(module.register_full_backward_hook(self._backward_hook(name)))
+            if self._wanted(name, module):
+                self.handles.append(module.register_forward_hook(self._forward_hook(name)))
         return self
 
     def _forward_hook(self, name: str) -> Callable:
@@ -392,22 +392,26 @@ class ActivationRecorder:
             t = _first_tensor(out)
             if t is None:
                 return
-            t = t.detach().float()
-            self._stats[name] = LayerStats(
+            stats = LayerStats(
                 name=name,
                 kind=type(module).__name__,
-                mean=t.mean().item(),
-                std=t.std().item() if t.numel() > 1 else 0.0,
-                frac_zero=(t == 0).float().mean().item(),
+                mean=t.detach().float().mean().item(),
+                std=t.detach().float().std().item() if t.numel() > 1 else 0.0,
+                frac_zero=(t.detach() == 0).float().mean().item(),
             )
+            self._stats[name] = stats
+            if self.backward and t.requires_grad:
+                # A hook on the output tensor sees d loss / d output during backward(). Unlike a
+                # module's full backward hook it also works for a first layer whose input needs
+                # no gradient, and it goes away with the tensor.
+                t.register_hook(self._grad_hook(stats))
 
         return hook
 
-    def _backward_hook(self, name: str) -> Callable:
-        def hook(_module: nn.Module, _grad_input: Any, grad_output: Any) -> None:
-            g = _first_tensor(grad_output)
-            if g is not None and name in self._stats:
-                self._stats[name].grad_norm = g.detach().float().norm().item()
+    @staticmethod
+    def _grad_hook(stats: LayerStats) -> Callable:
+        def hook(grad: torch.Tensor) -> None:
+            stats.grad_norm = grad.detach().float().norm().item()
 
         return hook
 
@@ -474,6 +478,10 @@ def plot_activation_stats(stats: Sequence[LayerStats], title: str = "Activation 
     axes[0].bar(pos, [s.std for s in stats], color=colors)
     axes[0].set_ylabel("std of the layer's output")
     axes[0].set_title("spread")
+    from matplotlib.patches import Patch
+
+    axes[0].legend(handles=[Patch(color="#3465a4", label="Linear or Conv2d"),
+                            Patch(color="#73a946", label="activation, norm, dropout")], fontsize=7)
     axes[1].bar(pos, [100 * s.frac_zero for s in stats], color=colors)
     axes[1].set_ylabel("outputs exactly 0 (%)")
     axes[1].set_ylim(0, 100)
@@ -481,7 +489,7 @@ def plot_activation_stats(stats: Sequence[LayerStats], title: str = "Activation 
     if has_grad:
         axes[2].bar(pos, [s.grad_norm or 0.0 for s in stats], color=colors)
         axes[2].set_ylabel("norm of d loss / d output")
-        axes[2].set_title("gradient (backward hooks)")
+        axes[2].set_title("gradient (recorded during backward)")
     for ax in axes:
         ax.set_xticks(list(pos))
         ax.set_xticklabels(labels, fontsize=7 if len(stats) > 8 else 8, rotation=90 if len(stats) > 8 else 0)
@@ -539,10 +547,14 @@ def init_linear_(model: nn.Module, scheme: str) -> nn.Module:
 
 
 def activation_scale_vs_depth(scheme: str, activation: str = "tanh", depth: int = 20, width: int = 256,
-                              batch: int = 512, seed: int = 0) -> list[float]:
-    """Std of the activations after each of `depth` Linear+activation layers, for unit-variance input.
+                              batch: int = 256, seed: int = 0) -> list[float]:
+    """How much the activations still vary from input to input after each of `depth` Linear+activation layers.
 
-    Runs on the CPU inside ``torch.random.fork_rng`` so the caller's random stream is untouched.
+    The inputs are `batch` unit-variance random vectors. After each activation the function
+    takes, for every unit, the standard deviation across the batch, and averages over the
+    units: when this "signal" vanishes, every input gives the same output (whatever the biases
+    add) and nothing can be learned. Runs on the CPU inside ``torch.random.fork_rng``, so the
+    caller's random stream is untouched.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}.")
@@ -559,28 +571,40 @@ def activation_scale_vs_depth(scheme: str, activation: str = "tanh", depth: int 
         for layer in net:
             x = layer(x)
             if not isinstance(layer, nn.Linear):
-                stds.append(x.std().item())
+                stds.append(x.std(dim=0).mean().item())
     return stds
 
 
-def plot_init_vs_depth(schemes: Sequence[str] | None = None, activations: Sequence[str] = ("tanh", "relu"),
-                       depth: int = 20, width: int = 256):
-    """One panel per activation: activation std (log scale) against depth, one line per init scheme."""
+def init_depth_results(schemes: Sequence[str] | None = None, activations: Sequence[str] = ("tanh", "relu"),
+                       depth: int = 20, width: int = 256) -> dict[str, dict[str, list[float]]]:
+    """``results[activation][scheme]`` = :func:`activation_scale_vs_depth` for every combination."""
+    schemes = list(schemes or INIT_SCHEMES)
+    return {act: {s: activation_scale_vs_depth(s, act, depth=depth, width=width) for s in schemes}
+            for act in activations}
+
+
+def plot_init_vs_depth(results: dict[str, dict[str, list[float]]] | None = None, width: int = 256):
+    """One panel per activation: the signal's std (log scale) against depth, one line per init scheme.
+
+    `results` comes from :func:`init_depth_results` (computed here with its defaults when omitted).
+    """
     import matplotlib.pyplot as plt
 
-    schemes = list(schemes or INIT_SCHEMES)
-    fig, axes = plt.subplots(1, len(activations), figsize=(5.2 * len(activations), 3.8), squeeze=False)
-    for ax, act in zip(axes[0], activations, strict=True):
-        for scheme in schemes:
-            stds = activation_scale_vs_depth(scheme, act, depth=depth, width=width)
-            ax.plot(range(1, depth + 1), [max(s, 1e-30) for s in stds], marker="o", ms=3, label=scheme)
+    results = results or init_depth_results(width=width)
+    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.9), squeeze=False)
+    for ax, (act, by_scheme) in zip(axes[0], results.items(), strict=True):
+        depth = 0
+        for scheme, stds in by_scheme.items():
+            depth = len(stds)
+            ax.plot(range(1, depth + 1), [max(v, 1e-30) for v in stds], marker="o", ms=3, label=scheme)
         ax.set_yscale("log")
+        ax.set_xticks(range(0, depth + 1, 5 if depth > 10 else 1))
         ax.set_xlabel("layer (depth)")
-        ax.set_ylabel("std of the activations (log scale)")
+        ax.set_ylabel("std across inputs (log scale)")
         ax.set_title(f"{depth} x [Linear({width}, {width}) + {act}]")
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("How initialisation sets the activation scale through depth")
+    fig.suptitle("How initialisation sets the scale of the signal through depth")
     fig.tight_layout()
     return fig
 

@@ -67,8 +67,8 @@ class _ForwardBuiltNet(nn.Module):
 
 
 def _instantiate(cls, *args):
-    if cls is None or not callable(cls):
-        raise Incorrect("pass the class itself, e.g. `q1.check(FixedNet)` (no parentheses).")
+    if isinstance(cls, nn.Module) or not callable(cls):
+        raise Incorrect("pass the class itself, e.g. `q1.check(FixedNet)`, not an instance (no parentheses).")
     model = cls(*args)  # NotImplementedError from a stub becomes "not attempted"
     if not isinstance(model, nn.Module):
         raise Incorrect(f"calling it should give an nn.Module, but it gave a {type(model).__name__}.")
