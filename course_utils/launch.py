@@ -50,6 +50,20 @@ GRACE_S = 2.0
 #: How many lines of a failing rank's error output go into the exception message.
 TAIL_LINES = 12
 
+# Linux: the launcher gets SIGTERM if the process that started it dies (a killed or restarted
+# kernel), and then stops its ranks itself. Set in a tiny stdlib-only shim that execs the
+# launcher, because preexec_fn is unsafe in a threaded process such as a Jupyter kernel.
+_PDEATHSIG_SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
+    "except Exception:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the process that started the launcher is gone')\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _COLLATERAL = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|"
@@ -387,6 +401,8 @@ class _Job:
                 self.widget = _Widget(title, nproc)
             except Exception:  # no ipywidgets / no frontend: the final print still comes
                 self.widget = None
+        if sys.platform.startswith("linux"):
+            cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
         with open(self.launcher_log, "wb") as fh:
             self.t0 = time.monotonic()
             self.proc = subprocess.Popen(

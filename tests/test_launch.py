@@ -364,3 +364,75 @@ def test_command_line():
     missing = subprocess.run([*cmd[:4], "nope.py"], cwd=ROOT, capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "script not found: nope.py" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_interrupt_stops_every_process(tmp_path):
+    """Interrupting the kernel (KeyboardInterrupt) while a job runs stops the job too."""
+    import _thread
+
+    tag = uuid.uuid4().hex
+
+    def interrupt_when_started():
+        end = time.monotonic() + 200
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        torchrun(f"{SCRIPTS}/hang.py", nproc=2, timeout=300, show=False, cwd=ROOT,
+                 env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
+    assert len(list(tmp_path.glob("rank*.pid"))) == 2
+    assert tagged_processes(tag) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_job_stops_when_its_caller_dies(tmp_path):
+    """A killed or restarted kernel takes its job with it (no orphans running forever)."""
+    tag = uuid.uuid4().hex
+    code = ("from course_utils.launch import torchrun\n"
+            f"torchrun('{SCRIPTS}/hang.py', nproc=2, timeout=300, show=False,"
+            f" env={{'HANG_PID_DIR': {str(tmp_path)!r}, 'LAUNCH_TEST_TAG': {tag!r}}})\n")
+    caller = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 200
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert tagged_processes(tag), "the job did not start"
+    finally:
+        caller.kill()
+        caller.wait()
+    end = time.monotonic() + 30  # the launcher's own shut-down: SIGTERM, 5 s, then SIGKILL
+    while tagged_processes(tag) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert tagged_processes(tag) == []
+
+
+@pytest.mark.slow
+def test_same_failure_on_every_rank_then_elastic_restart(notebook_mode, capsys):
+    script = f"{SCRIPTS}/two_ranks.py"
+    env = {"FAIL_FIRST_ATTEMPT": 1}
+    # Every rank fails the same way: the lowest rank is named, whichever died first.
+    with pytest.raises(LaunchError) as info:
+        torchrun(script, nproc=2, args=[2], env=env, timeout=300, cwd=ROOT)
+    assert sanitize(str(info.value)).splitlines()[:3] == [
+        f"rank 0 of 2 failed with exit code 3 running {script}",
+        "Last lines of its error output:",
+        "    (it wrote nothing to stderr)",
+    ]
+    capsys.readouterr()
+    # With one restart allowed, the second attempt succeeds; every attempt's output is shown.
+    result = torchrun(script, nproc=2, args=[2], env=env, max_restarts=1, timeout=300, cwd=ROOT)
+    assert result.restarts == 1
+    assert result.attempts[0] == [f"rank {r} fails on attempt 0\n" for r in range(2)]
+    assert result.attempts[1] == result.logs
+    assert result.lines(1) == ["rank 1 line 0", "rank 1 line 1", "rank 1 done, no newline at the end"]
+    assert capsys.readouterr().out == (
+        "--- attempt 0 ---\n[rank 0] rank 0 fails on attempt 0\n[rank 1] rank 1 fails on attempt 0\n"
+        "--- attempt 1 ---\n"
+        + "".join(f"[rank {r}] {line}\n" for r in range(2) for line in result.lines(r))
+    )
