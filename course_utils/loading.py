@@ -1,0 +1,733 @@
+"""Chapter 03 helpers: datasets, collate functions, samplers and loader measurements.
+
+Everything a ``DataLoader`` worker has to run lives here, in a module, on purpose:
+a worker started with the *spawn* method (the default on macOS and Windows) is a
+fresh Python that imports the code it runs by name, so a ``Dataset`` defined
+inside a notebook cannot be found there. Classes and functions in this module can.
+
+Contents:
+
+- :class:`ImageDataset`: the source chapter's path-based dataset, made whole.
+- :func:`pad_collate` / :class:`PaddedBatch`, :class:`ToySequences`,
+  :class:`LengthBucketBatchSampler`: variable-length items in batches.
+- :func:`write_digits_csv`, :class:`NaiveDigitsStream` (the classic bug: every
+  worker yields the whole file) and :class:`ShardedDigitsStream` (the fix).
+- :class:`SyntheticImages`: a decode-heavy image set generated on the fly,
+  deterministic per index, for throughput work.
+- :func:`measure_throughput`, :func:`format_runs`, :func:`plot_throughput`.
+- :func:`batch_view`, :func:`draw_batch_view`, :func:`batch_browser`: the batch
+  browser widget and the plain functions behind it.
+- :func:`worker_init`: the ``worker_init_fn`` the course passes to every loader
+  that starts worker processes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    WeightedRandomSampler,
+    get_worker_info,
+)
+
+from .data import load_image
+
+__all__ = [
+    "BATCH_BROWSER_DEFAULTS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "SAMPLERS",
+    "BatchView",
+    "ImageDataset",
+    "LengthBucketBatchSampler",
+    "LoaderRun",
+    "NaiveDigitsStream",
+    "PaddedBatch",
+    "ShardedDigitsStream",
+    "SyntheticImages",
+    "ToySequences",
+    "WithIndex",
+    "batch_browser",
+    "batch_view",
+    "class_balanced_weights",
+    "cpu_cores",
+    "delivery_counts",
+    "draw_batch_view",
+    "format_runs",
+    "measure_throughput",
+    "pad_collate",
+    "plot_throughput",
+    "tensor_stats",
+    "to_tensor",
+    "worker_init",
+    "worker_kwargs",
+    "write_digits_csv",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker_init(worker_id: int) -> None:
+    """``worker_init_fn`` for every multi-process loader in the course.
+
+    Limits the worker to one intra-op thread. A worker forked from a process that
+    already ran multi-threaded torch code inherits a copy of a thread pool whose
+    threads did not survive the fork; touching it can deadlock. One thread per
+    worker also stops N workers x M threads from fighting over the same cores.
+    """
+    torch.set_num_threads(1)
+
+
+def worker_kwargs(num_workers: int, timeout: float = 60.0) -> dict[str, Any]:
+    """``DataLoader`` keyword arguments for `num_workers` processes, the course's way.
+
+    With workers: a ``timeout`` (a stuck worker raises instead of hanging) and
+    :func:`worker_init`. Without: neither (``DataLoader`` requires ``timeout=0`` then).
+    """
+    if num_workers < 0:
+        raise ValueError("num_workers must be 0 (load in the main process) or more")
+    if num_workers == 0:
+        return {"num_workers": 0}
+    return {"num_workers": num_workers, "timeout": timeout, "worker_init_fn": worker_init}
+
+
+def cpu_cores() -> int:
+    """The number of CPU cores this process may run on (what the loader curve is compared with)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- map-style datasets
+
+
+class ImageDataset(Dataset):
+    """The source chapter's path-based dataset, made whole: one image file per item.
+
+    ``paths`` and ``labels`` are parallel sequences; ``loader`` opens one file
+    (default: :func:`course_utils.data.load_image`, a grayscale PIL image);
+    ``transform`` (optional) is applied to the image, never to the label.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[Path | str],
+        labels: Sequence[int],
+        transform: Callable | None = None,
+        loader: Callable[[Path | str], Any] = load_image,
+    ) -> None:
+        if len(paths) != len(labels):
+            raise ValueError(
+                f"ImageDataset got {len(paths)} paths but {len(labels)} labels: "
+                "they must be parallel lists, one label per image file."
+            )
+        self.paths = list(paths)
+        self.labels = list(labels)
+        self.transform = transform
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, idx: int) -> tuple[Any, int]:
+        image = self.loader(self.paths[idx])
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self.labels[idx]
+
+
+def to_tensor(image: Image.Image) -> torch.Tensor:
+    """A PIL image as a float32 tensor ``[C, H, W]`` in [0, 1], like ``transforms.ToTensor()``.
+
+    Written with NumPy only, so that a worker started with *spawn* does not have to
+    import torchvision (seconds) just to unpickle the transform.
+    """
+    a = np.asarray(image, dtype=np.float32) / 255.0
+    if a.ndim == 2:
+        a = a[None]
+    else:
+        a = a.transpose(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+class WithIndex(Dataset):
+    """Wrap a map-style dataset so each item comes back as ``(index, item)``.
+
+    Used to prove that a loader delivered every item exactly once.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, idx: int) -> tuple[int, Any]:
+        return idx, self.dataset[idx]
+
+
+class SyntheticImages(Dataset):
+    """A decode-heavy synthetic image set, generated on the fly and deterministic per index.
+
+    Item ``i`` is made from a NumPy generator seeded with ``(seed, i)``: a smooth
+    random colour background and a disc whose colour is set by the label. The image is
+    encoded as JPEG bytes (what a file on disk would hold), then the loader does
+    what a real one does: decode, resize to ``out_size``, convert to a float
+    tensor, normalise with the ImageNet statistics. The same index gives the same
+    tensor in any process, with any number of workers, in any order.
+    """
+
+    def __init__(
+        self,
+        n: int = 1024,
+        size: int = 256,
+        out_size: int = 128,
+        num_classes: int = 10,
+        seed: int = 0,
+        quality: int = 90,
+    ) -> None:
+        if n < 1 or size < 8 or out_size < 1:
+            raise ValueError("SyntheticImages needs n >= 1, size >= 8 and out_size >= 1")
+        self.n, self.size, self.out_size = n, size, out_size
+        self.num_classes, self.seed, self.quality = num_classes, seed, quality
+        self._mean = np.array(IMAGENET_MEAN, dtype=np.float32)
+        self._std = np.array(IMAGENET_STD, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def label(self, idx: int) -> int:
+        """The label of item `idx` (cheap: no image is made)."""
+        return int(np.random.default_rng((self.seed, idx)).integers(self.num_classes))
+
+    def encoded(self, idx: int) -> bytes:
+        """The JPEG bytes of item `idx`: what would sit in a file on disk."""
+        if not 0 <= idx < self.n:
+            raise IndexError(f"index {idx} is out of range for a dataset of {self.n} images")
+        rng = np.random.default_rng((self.seed, idx))
+        label = int(rng.integers(self.num_classes))
+        corners = rng.random((4, 3), dtype=np.float32)  # a background blending 4 random corner colours
+        t = np.linspace(0.0, 1.0, self.size, dtype=np.float32)
+        top = np.outer(1 - t, corners[0]) + np.outer(t, corners[1])  # [size, 3] along x
+        bottom = np.outer(1 - t, corners[2]) + np.outer(t, corners[3])
+        bg = (1 - t)[:, None, None] * top[None] + t[:, None, None] * bottom[None]
+        img = Image.fromarray((bg * 255).astype(np.uint8), mode="RGB")
+        cy, cx = rng.uniform(0.3, 0.7, size=2) * self.size
+        r = rng.uniform(0.12, 0.3) * self.size
+        hue = label / self.num_classes * 2 * np.pi
+        colour = tuple(int(255 * (0.5 + 0.5 * np.cos(hue + k))) for k in (0.0, 2.1, 4.2))
+        ImageDraw.Draw(img).ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=self.quality)
+        return buf.getvalue()
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, int]:
+        with Image.open(io.BytesIO(self.encoded(idx))) as im:  # decode
+            im = im.convert("RGB").resize((self.out_size, self.out_size), Image.Resampling.BILINEAR)
+        # ToTensor + Normalize, done in NumPy so that the measurement compares worker
+        # processes, not the main process's intra-op thread pool.
+        x = np.asarray(im, dtype=np.float32) / 255.0
+        x = (x - self._mean) / self._std
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1))), self.label(idx)
+
+
+# --------------------------------------------------------------------------- variable-length items
+
+
+class ToySequences(Dataset):
+    """Variable-length token sequences, deterministic per index.
+
+    Item ``i`` is ``(tokens, label)``: ``tokens`` an int64 tensor of length
+    ``min_len..max_len`` with values ``1..vocab-1`` (0 is kept free for padding),
+    ``label`` 1 when the sequence is longer than the midpoint of the length range,
+    else 0. A model that cannot tell padding from content cannot learn it.
+    """
+
+    def __init__(self, n: int = 100, min_len: int = 2, max_len: int = 12, vocab: int = 20, seed: int = 0) -> None:
+        if not 1 <= min_len <= max_len:
+            raise ValueError("ToySequences needs 1 <= min_len <= max_len")
+        self.n, self.min_len, self.max_len, self.vocab, self.seed = n, min_len, max_len, vocab, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= idx < self.n:
+            raise IndexError(f"index {idx} is out of range for {self.n} sequences")
+        rng = np.random.default_rng((self.seed, idx))
+        length = int(rng.integers(self.min_len, self.max_len + 1))
+        tokens = torch.from_numpy(rng.integers(1, self.vocab, size=length)).to(torch.int64)
+        return tokens, int(length > (self.min_len + self.max_len) / 2)
+
+    def lengths(self) -> list[int]:
+        """Every item's length, without building the items."""
+        return [int(np.random.default_rng((self.seed, i)).integers(self.min_len, self.max_len + 1)) for i in range(self.n)]
+
+
+class PaddedBatch(NamedTuple):
+    """A batch of variable-length sequences: ``padded [B, T]``, ``lengths [B]``, ``mask [B, T]``, ``labels [B]``."""
+
+    padded: torch.Tensor
+    lengths: torch.Tensor
+    mask: torch.Tensor
+    labels: torch.Tensor
+
+
+def pad_collate(batch: Sequence[tuple[torch.Tensor, int]], padding_value: int | float = 0) -> PaddedBatch:
+    """``collate_fn`` for ``(sequence, label)`` items of different lengths.
+
+    Pads every sequence to the longest one *in this batch* with `padding_value`,
+    and keeps what padding destroys: each sequence's true length and a boolean
+    mask (True on real tokens). Use ``functools.partial(pad_collate, padding_value=-1)``
+    for another padding value.
+    """
+    if len(batch) == 0:
+        raise ValueError("pad_collate got an empty batch")
+    seqs = [torch.as_tensor(s) for s, _ in batch]
+    if any(s.ndim != 1 for s in seqs):
+        raise ValueError("pad_collate expects 1-D sequences (one token id per position)")
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+    padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=padding_value)
+    mask = torch.arange(padded.shape[1])[None, :] < lengths[:, None]
+    labels = torch.tensor([int(y) for _, y in batch], dtype=torch.int64)
+    return PaddedBatch(padded, lengths, mask, labels)
+
+
+class LengthBucketBatchSampler(Sampler[list[int]]):
+    """A batch sampler that puts items of similar length together (less padding).
+
+    Each epoch: shuffle the indices, cut them into pools of ``pool_batches``
+    batches, sort each pool by length, cut it into batches and shuffle the
+    batches. Pass it as ``DataLoader(..., batch_sampler=...)``.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        pool_batches: int = 8,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.lengths = list(lengths)
+        self.batch_size, self.pool_batches, self.drop_last = batch_size, pool_batches, drop_last
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        pool = self.batch_size * self.pool_batches
+        batches: list[list[int]] = []
+        for start in range(0, len(order), pool):
+            chunk = sorted(order[start : start + pool], key=lambda i: self.lengths[i])
+            for b in range(0, len(chunk), self.batch_size):
+                batches.append(chunk[b : b + self.batch_size])
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        for j in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[j]
+
+    def __len__(self) -> int:
+        n, pool = len(self.lengths), self.batch_size * self.pool_batches
+        full, rest = divmod(n, pool)
+        per_pool = pool // self.batch_size
+        if self.drop_last:
+            return full * per_pool + rest // self.batch_size
+        return full * per_pool + -(-rest // self.batch_size)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def write_digits_csv(path: Path | str, split: str = "train") -> int:
+    """Write a split of the course digits as a text file, one image per line.
+
+    Line format: ``index,label,p0,...,p783`` (pixels 0..255). Returns the number
+    of lines. This stands in for data too large to hold in memory: the streams
+    below read it one line at a time.
+    """
+    from .data import image_paths
+
+    paths, labels = image_paths(split)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for i, (p, y) in enumerate(zip(paths, labels, strict=True)):
+            pixels = np.asarray(load_image(p), dtype=np.uint8).ravel()
+            f.write(f"{i},{y}," + ",".join(map(str, pixels.tolist())) + "\n")
+    return len(paths)
+
+
+def _parse_line(line: str) -> tuple[int, torch.Tensor, int]:
+    values = np.array(line.rstrip("\n").split(","), dtype=np.int64)
+    side = int(round((len(values) - 2) ** 0.5))
+    image = torch.from_numpy(values[2:].astype(np.float32) / 255.0).view(1, side, side)
+    return int(values[0]), image, int(values[1])
+
+
+class NaiveDigitsStream(IterableDataset):
+    """Streams ``(index, image, label)`` from a digits text file, lazily, one line at a time.
+
+    **The classic bug**: every DataLoader worker gets its own copy of this object
+    and runs ``__iter__`` from the top, so with N workers every item arrives N times.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def _lines(self) -> Iterator[str]:
+        with open(self.path) as f:
+            yield from f  # the file is read as it is consumed, never loaded whole
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, int]]:
+        for line in self._lines():
+            yield _parse_line(line)
+
+
+class ShardedDigitsStream(NaiveDigitsStream):
+    """The fix: each worker keeps only its share of the lines (``line % shards == shard``).
+
+    ``torch.utils.data.get_worker_info()`` says which worker this is (``None``
+    in the main process). ``rank`` and ``world_size`` shard across processes of a
+    distributed job too: shard = rank * workers + worker id.
+    """
+
+    def __init__(self, path: Path | str, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(path)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+        self.rank, self.world_size = rank, world_size
+
+    def shard(self) -> tuple[int, int]:
+        """``(this shard, number of shards)`` for the calling process or worker."""
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return self.rank * workers + worker, self.world_size * workers
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, int]]:
+        shard, shards = self.shard()
+        for i, line in enumerate(self._lines()):
+            if i % shards == shard:  # skip the others' lines without parsing them
+                yield _parse_line(line)
+
+
+def delivery_counts(indices: Sequence[int] | torch.Tensor, n: int) -> dict[str, int]:
+    """How a stream or loader delivered items ``0..n-1``: total, distinct, duplicated, missing."""
+    seen = Counter(int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices))
+    return {
+        "delivered": sum(seen.values()),
+        "distinct": len(seen),
+        "duplicated": sum(1 for c in seen.values() if c > 1),
+        "missing": sum(1 for i in range(n) if i not in seen),
+    }
+
+
+# --------------------------------------------------------------------------- measuring loaders
+
+
+@dataclass
+class LoaderRun:
+    """One measured loader configuration."""
+
+    num_workers: int
+    persistent_workers: bool
+    prefetch_factor: int | None
+    batch_size: int
+    items: int
+    epoch_seconds: list[float] = field(default_factory=list)
+    each_item_once: bool = True
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(self.epoch_seconds))
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else float("inf")
+
+
+def measure_throughput(
+    dataset: Dataset,
+    num_workers: int,
+    *,
+    batch_size: int = 32,
+    epochs: int = 1,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    timeout: float = 120.0,
+    multiprocessing_context: str | None = None,
+) -> LoaderRun:
+    """Time full epochs of a loader over `dataset`, from creating the iterator to the last batch.
+
+    The clock includes starting the workers (that is what ``persistent_workers``
+    saves from the second epoch on). Items come back with their index, so the
+    run also records whether every epoch delivered every item exactly once.
+    Loaders with workers get ``timeout`` and :func:`worker_init`.
+    """
+    if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
+        raise ValueError(
+            "persistent_workers and prefetch_factor only mean something with worker processes; "
+            "use num_workers >= 1, or leave them at their defaults."
+        )
+    extra: dict[str, Any] = {}
+    if num_workers > 0:
+        extra = dict(
+            timeout=timeout,
+            worker_init_fn=worker_init,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            multiprocessing_context=multiprocessing_context,
+        )
+    wrapped = WithIndex(dataset)
+    loader = DataLoader(wrapped, batch_size=batch_size, shuffle=False, num_workers=num_workers, **extra)
+    n = len(wrapped)
+    run = LoaderRun(num_workers, persistent_workers, prefetch_factor, batch_size, items=0)
+    for _ in range(epochs):
+        counts = torch.zeros(n, dtype=torch.int64)
+        t0 = time.perf_counter()
+        for idx, _item in loader:
+            counts[idx] += 1
+        run.epoch_seconds.append(time.perf_counter() - t0)
+        run.items += int(counts.sum())
+        run.each_item_once = run.each_item_once and bool((counts == 1).all())
+    del loader  # shuts persistent workers down
+    return run
+
+
+def format_runs(runs: Sequence[LoaderRun], baseline: float | None = None) -> str:
+    """A plain-text table of runs: workers, persistent, prefetch, epochs' seconds, images/s, speed-up."""
+    if baseline is None:
+        zero = [r.items_per_s for r in runs if r.num_workers == 0]
+        baseline = zero[0] if zero else None
+    head = f"{'workers':>7} {'persistent':>10} {'prefetch':>8} {'epoch 1 s':>9} {'later s':>8} {'images/s':>9} {'x vs 0':>7} {'once':>5}"
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        later = sum(r.epoch_seconds[1:]) / max(1, len(r.epoch_seconds) - 1) if len(r.epoch_seconds) > 1 else float("nan")
+        later_s = f"{later:8.3f}" if later == later else f"{'-':>8}"
+        pf = "-" if r.num_workers == 0 else str(r.prefetch_factor if r.prefetch_factor is not None else 2)
+        pers = "-" if r.num_workers == 0 else ("yes" if r.persistent_workers else "no")
+        speed = f"{r.items_per_s / baseline:7.2f}" if baseline else f"{'-':>7}"
+        lines.append(
+            f"{r.num_workers:>7} {pers:>10} {pf:>8} {r.epoch_seconds[0]:9.3f} {later_s} "
+            f"{r.items_per_s:9.1f} {speed} {'yes' if r.each_item_once else 'NO':>5}"
+        )
+    return "\n".join(lines)
+
+
+def plot_throughput(runs: Sequence[LoaderRun], cores: int | None = None, ax: Any = None, label: str | None = None) -> Any:
+    """Images per second against ``num_workers``, with the core count and the source's "2-4x cores" band."""
+    import matplotlib.pyplot as plt
+
+    cores = cores or cpu_cores()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    xs = [r.num_workers for r in runs]
+    ys = [r.items_per_s for r in runs]
+    ax.plot(xs, ys, "o-", label=label or "measured")
+    ax.axvline(cores, color="tab:red", ls="--", label=f"CPU cores on this machine ({cores})")
+    lo, hi = 2 * cores, 4 * cores
+    ax.axvspan(lo, hi, color="tab:orange", alpha=0.15, label=f"source's rule: 2-4x cores ({lo}-{hi})")
+    ax.set_xlim(-0.5, max(max(xs), hi) + 0.5)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("images per second")
+    ax.set_title("DataLoader throughput against num_workers (decode-heavy images)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def tensor_stats(x: torch.Tensor, name: str = "") -> str:
+    """One deterministic line: shape, dtype, min, max and the mean of each channel (4 decimals)."""
+    x = x.detach()
+    xf = x.to(torch.float64)
+    means = xf.reshape(x.shape[0], -1).mean(dim=1).tolist() if x.ndim == 3 else [xf.mean().item()]
+    m = ", ".join(f"{v:.4f}" for v in means)
+    prefix = f"{name:<12} " if name else ""
+    return f"{prefix}shape {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} min {xf.min().item():.4f} max {xf.max().item():.4f} mean/channel [{m}]"
+
+
+# --------------------------------------------------------------------------- batch browser
+
+SAMPLERS = ("default", "sequential", "random", "weighted")
+BATCH_BROWSER_DEFAULTS: dict[str, Any] = dict(batch_size=16, shuffle=True, seed=0, sampler="default", epoch=0, batch=0)
+
+
+def class_balanced_weights(labels: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Per-sample weights ``1 / count(label)`` for ``WeightedRandomSampler``: every class drawn equally often."""
+    y = torch.as_tensor(labels, dtype=torch.int64)
+    counts = torch.bincount(y)
+    return 1.0 / counts[y].to(torch.float64)
+
+
+class _Range(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> int:
+        return idx
+
+
+def _as_list(batch: list[int]) -> list[int]:
+    return list(batch)
+
+
+@dataclass
+class BatchView:
+    """What a DataLoader hands out in one epoch, and the batch picked out of it."""
+
+    order: list[int]
+    batches: list[list[int]]
+    batch: int
+    indices: list[int]
+    labels: list[int]
+    sampler: str
+    epoch: int
+
+
+def batch_view(
+    labels: Sequence[int],
+    batch_size: int = 16,
+    shuffle: bool = True,
+    seed: int = 0,
+    sampler: str = "default",
+    epoch: int = 0,
+    batch: int = 0,
+    drop_last: bool = False,
+) -> BatchView:
+    """The indices a real ``DataLoader`` yields in epoch `epoch` (counting from 0), and batch `batch`.
+
+    ``sampler``: ``"default"`` lets ``shuffle`` decide (True -> RandomSampler,
+    False -> SequentialSampler), ``"sequential"``, ``"random"``, or ``"weighted"``
+    (``WeightedRandomSampler`` with class-balanced weights, with replacement).
+    One ``torch.Generator`` seeded with `seed` drives the loader, as in
+    ``DataLoader(..., generator=torch.Generator().manual_seed(seed))``; each
+    epoch continues its stream, which is why epochs differ.
+    """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, not {sampler!r}")
+    if sampler != "default" and shuffle:
+        raise ValueError(
+            f"shuffle=True cannot be combined with sampler={sampler!r}: shuffle=True *is* a "
+            "RandomSampler, and DataLoader refuses both ('sampler option is mutually exclusive "
+            "with shuffle'). Untick shuffle, or pick sampler 'default'."
+        )
+    n = len(labels)
+    g = torch.Generator().manual_seed(seed)
+    ds = _Range(n)
+    smp: Sampler | None = None
+    if sampler == "sequential":
+        smp = SequentialSampler(ds)
+    elif sampler == "random":
+        smp = RandomSampler(ds, generator=g)
+    elif sampler == "weighted":
+        smp = WeightedRandomSampler(class_balanced_weights(labels), num_samples=n, replacement=True, generator=g)
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=shuffle if smp is None else None, sampler=smp,
+                        drop_last=drop_last, generator=g, collate_fn=_as_list)
+    batches: list[list[int]] = []
+    for _ in range(epoch + 1):
+        batches = list(loader)
+    if not batches:
+        raise ValueError(f"no batch at all: {n} items with batch_size={batch_size} and drop_last={drop_last}")
+    b = min(max(batch, 0), len(batches) - 1)
+    order = [i for bt in batches for i in bt]
+    used = type(loader.sampler).__name__
+    return BatchView(order, batches, b, batches[b], [int(labels[i]) for i in batches[b]], used, epoch)
+
+
+def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence[str] | None = None) -> Any:
+    """Draw the batch's images with their labels, and the epoch's index order with the batch highlighted."""
+    import matplotlib.pyplot as plt
+
+    k = len(view.indices)
+    cols = min(16, k)
+    rows = -(-k // cols)
+    # explicit layout in inches: title, rows of images (each with a two-line title), then the order plot
+    width, left, right, top, row_h, gap, plot_h, bottom = 10.0, 0.8, 0.2, 0.5, 0.95, 0.3, 2.2, 0.55
+    height = top + rows * row_h + gap + plot_h + bottom
+    fig = plt.figure(figsize=(width, height))
+    cell = (width - left - right) / cols
+    side = min(cell * 0.92, row_h - 0.35)
+    for j, idx in enumerate(view.indices):
+        r, c = divmod(j, cols)
+        x0 = left + c * cell + (cell - side) / 2
+        y0 = height - top - (r + 1) * row_h
+        ax = fig.add_axes((x0 / width, y0 / height, side / width, side / height))
+        img = images[idx].detach().cpu()
+        ax.imshow((img.squeeze(0) if img.shape[0] == 1 else img.permute(1, 2, 0)).numpy(), cmap="gray_r")
+        name = classes[view.labels[j]] if classes else str(view.labels[j])
+        ax.set_title(f"#{idx}\ny={name}", fontsize=7)
+        ax.axis("off")
+    ax = fig.add_axes((left / width, bottom / height, (width - left - right) / width, plot_h / height))
+    pos = np.arange(len(view.order))
+    ax.scatter(pos, view.order, s=2, color="0.6", label="epoch order")
+    start = sum(len(b) for b in view.batches[: view.batch])
+    ax.scatter(pos[start : start + k], view.indices, s=10, color="tab:red", label=f"batch {view.batch}")
+    ax.set_xlabel("position in the epoch")
+    ax.set_ylabel("dataset index")
+    ax.legend(loc="upper left", fontsize=7)
+    fig.suptitle(
+        f"{view.sampler}, epoch {view.epoch}: batch {view.batch} of {len(view.batches)} ({k} images)",
+        fontsize=10, y=1 - 0.12 / height, va="top",
+    )
+    return fig
+
+
+def batch_browser(images: torch.Tensor, labels: Sequence[int], classes: Sequence[str] | None = None) -> Any:
+    """An ipywidgets browser over :func:`batch_view`: batch size, shuffle, seed, sampler, epoch, batch."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    d = BATCH_BROWSER_DEFAULTS
+    n = len(labels)
+    bs = w.IntSlider(value=d["batch_size"], min=4, max=64, step=4, description="batch size")
+    shuffle = w.Checkbox(value=d["shuffle"], description="shuffle")
+    seed = w.IntSlider(value=d["seed"], min=0, max=9, description="seed")
+    sampler = w.Dropdown(options=list(SAMPLERS), value=d["sampler"], description="sampler")
+    epoch = w.IntSlider(value=d["epoch"], min=0, max=4, description="epoch")
+    batch = w.IntSlider(value=d["batch"], min=0, max=-(-n // d["batch_size"]) - 1, description="batch")
+    out = w.Output()
+
+    def redraw(*_: Any) -> None:
+        batch.max = -(-n // bs.value) - 1
+        with out:
+            out.clear_output(wait=True)
+            try:
+                view = batch_view(labels, bs.value, shuffle.value, seed.value, sampler.value, epoch.value, batch.value)
+            except ValueError as exc:
+                print(f"DataLoader would refuse this: {exc}")
+                return
+            print("indices:", view.indices)
+            draw_batch_view(view, images, classes)
+            plt.show()
+
+    for ctl in (bs, shuffle, seed, sampler, epoch, batch):
+        ctl.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox([bs, shuffle, seed]), w.HBox([sampler, epoch, batch]), out])
+

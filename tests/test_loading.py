@@ -1,0 +1,329 @@
+"""Tests for course_utils.loading (chapter 03)."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_utils import loading as L
+from course_utils.data import image_paths, load_image
+from course_utils.exercises.ch03 import _as_workers
+
+
+@pytest.fixture(scope="module")
+def digits_csv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream") / "digits_test.csv"
+    n = L.write_digits_csv(path, "test")
+    return path, n
+
+
+# ----------------------------------------------------------------- ImageDataset
+
+
+def test_image_dataset_matches_files():
+    paths, labels = image_paths("test")
+    ds = L.ImageDataset(paths, labels)
+    assert len(ds) == len(paths)
+    img, y = ds[7]
+    assert y == labels[7]
+    assert np.array_equal(np.asarray(img), np.asarray(load_image(paths[7])))
+
+
+def test_image_dataset_applies_transform_to_image_only():
+    paths, labels = image_paths("test")
+    ds = L.ImageDataset(paths[:3], labels[:3], transform=lambda im: np.asarray(im).sum())
+    value, y = ds[1]
+    assert value == np.asarray(load_image(paths[1])).sum()
+    assert y == labels[1]
+
+
+def test_image_dataset_rejects_mismatched_lists():
+    with pytest.raises(ValueError, match="parallel"):
+        L.ImageDataset(["a.png", "b.png"], [0])
+
+
+def test_image_dataset_pickles_by_module_name():
+    """What a spawned worker needs: the class can be found by importing course_utils.loading."""
+    paths, labels = image_paths("test")
+    data = pickle.dumps(L.ImageDataset(paths[:2], labels[:2]))
+    assert b"course_utils.loading" in data
+    assert len(pickle.loads(data)) == 2
+
+
+# ----------------------------------------------------------------- synthetic images
+
+
+def test_synthetic_images_deterministic_per_index():
+    a, b = L.SyntheticImages(20, size=64, out_size=32), L.SyntheticImages(20, size=64, out_size=32)
+    x1, y1 = a[5]
+    _ = a[3]  # order does not matter
+    x2, y2 = b[5]
+    assert torch.equal(x1, x2) and y1 == y2
+    assert x1.shape == (3, 32, 32) and x1.dtype == torch.float32
+    assert not torch.equal(a[5][0], a[6][0])
+    assert a.label(5) == y1
+    assert L.SyntheticImages(20, size=64, seed=1).encoded(5) != a.encoded(5)
+
+
+def test_synthetic_images_index_errors_and_labels():
+    ds = L.SyntheticImages(50, size=32, out_size=16)
+    with pytest.raises(IndexError):
+        ds[50]
+    assert set(ds.label(i) for i in range(50)) <= set(range(10))
+    assert len(set(ds.label(i) for i in range(50))) > 5
+
+
+# ----------------------------------------------------------------- sequences and collate
+
+
+def test_toy_sequences_deterministic_and_lengths():
+    ds = L.ToySequences(30, min_len=2, max_len=9, seed=4)
+    s, y = ds[3]
+    assert torch.equal(s, L.ToySequences(30, min_len=2, max_len=9, seed=4)[3][0])
+    assert ds.lengths() == [len(ds[i][0]) for i in range(30)]
+    assert all(2 <= n <= 9 for n in ds.lengths())
+    assert y == int(len(s) > 5.5)
+    assert int(s.min()) >= 1  # 0 is reserved for padding
+
+
+def test_pad_collate_pads_and_keeps_lengths_and_mask():
+    batch = [(torch.tensor([3, 1, 4]), 0), (torch.tensor([1, 5]), 1), (torch.tensor([9, 2, 6, 5]), 1)]
+    out = L.pad_collate(batch)
+    assert out.padded.tolist() == [[3, 1, 4, 0], [1, 5, 0, 0], [9, 2, 6, 5]]
+    assert out.lengths.tolist() == [3, 2, 4]
+    assert out.mask.tolist() == [[True, True, True, False], [True, True, False, False], [True] * 4]
+    assert out.labels.tolist() == [0, 1, 1]
+    assert L.pad_collate(batch, padding_value=-1).padded[1].tolist() == [1, 5, -1, -1]
+
+
+def test_pad_collate_in_a_loader_and_errors():
+    loader = DataLoader(L.ToySequences(10), batch_size=4, collate_fn=L.pad_collate)
+    batches = list(loader)
+    assert [len(b.labels) for b in batches] == [4, 4, 2]
+    assert sum(int(b.mask.sum()) for b in batches) == sum(L.ToySequences(10).lengths())
+    with pytest.raises(ValueError):
+        L.pad_collate([])
+    with pytest.raises(ValueError, match="1-D"):
+        L.pad_collate([(torch.zeros(2, 2), 0)])
+
+
+def test_length_bucket_batch_sampler_covers_everything_with_less_padding():
+    ds = L.ToySequences(200, min_len=1, max_len=40, seed=0)
+    lengths = ds.lengths()
+    sampler = L.LengthBucketBatchSampler(lengths, batch_size=10, generator=torch.Generator().manual_seed(0))
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 20
+    assert sorted(i for b in batches for i in b) == list(range(200))
+
+    def padding(bs):
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in bs)
+
+    random_batches = [list(range(i, i + 10)) for i in range(0, 200, 10)]
+    assert padding(batches) < padding(random_batches) / 2
+    dl = L.LengthBucketBatchSampler(lengths[:95], batch_size=10, pool_batches=2, drop_last=True)
+    assert len(list(dl)) == len(dl) == 9
+
+
+# ----------------------------------------------------------------- streams
+
+
+def test_streams_in_main_process(digits_csv):
+    path, n = digits_csv
+    naive = [i for i, _, _ in L.NaiveDigitsStream(path)]
+    sharded = [i for i, _, _ in L.ShardedDigitsStream(path)]
+    assert naive == sharded == list(range(n))
+    i, x, y = next(iter(L.ShardedDigitsStream(path)))
+    paths, labels = image_paths("test")
+    assert x.shape == (1, 28, 28) and y == labels[0]
+    assert torch.allclose(x[0], torch.from_numpy(np.asarray(load_image(paths[0]), dtype=np.float32) / 255))
+
+
+def test_streams_as_simulated_workers(digits_csv):
+    """Each worker's copy: the naive stream duplicates, the sharded one covers each line once."""
+    path, n = digits_csv
+
+    class Idx(torch.utils.data.IterableDataset):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __iter__(self):
+            return (i for i, _, _ in self.inner)
+
+    naive = Counter(_as_workers(Idx(L.NaiveDigitsStream(path)), 3))
+    sharded = Counter(_as_workers(Idx(L.ShardedDigitsStream(path)), 3))
+    assert L.delivery_counts(list(naive.elements()), n) == {"delivered": 3 * n, "distinct": n, "duplicated": n, "missing": 0}
+    assert L.delivery_counts(list(sharded.elements()), n) == {"delivered": n, "distinct": n, "duplicated": 0, "missing": 0}
+
+
+def test_sharded_stream_across_ranks(digits_csv):
+    path, n = digits_csv
+    seen = []
+    for rank in range(2):
+        seen += [i for i, _, _ in L.ShardedDigitsStream(path, rank=rank, world_size=2)]
+    assert sorted(seen) == list(range(n))
+    with pytest.raises(ValueError):
+        L.ShardedDigitsStream(path, rank=2, world_size=2)
+
+
+@pytest.mark.slow
+def test_streams_with_real_workers(digits_csv):
+    path, n = digits_csv
+    kw = dict(batch_size=64, num_workers=2, timeout=60, worker_init_fn=L.worker_init)
+    naive = torch.cat([b[0] for b in DataLoader(L.NaiveDigitsStream(path), **kw)])
+    sharded = torch.cat([b[0] for b in DataLoader(L.ShardedDigitsStream(path), **kw)])
+    assert L.delivery_counts(naive, n)["duplicated"] == n
+    assert sorted(sharded.tolist()) == list(range(n))
+
+
+def test_delivery_counts():
+    assert L.delivery_counts([0, 1, 1, 3], 4) == {"delivered": 4, "distinct": 3, "duplicated": 1, "missing": 1}
+    assert L.delivery_counts(torch.tensor([1, 0]), 2)["missing"] == 0
+
+
+# ----------------------------------------------------------------- measuring
+
+
+def test_measure_throughput_in_process():
+    run = L.measure_throughput(L.SyntheticImages(40, size=32, out_size=16), 0, batch_size=16, epochs=2)
+    assert run.items == 80 and run.each_item_once
+    assert len(run.epoch_seconds) == 2 and run.items_per_s > 0
+    table = L.format_runs([run])
+    assert "workers" in table and "yes" in table.splitlines()[-1]
+    with pytest.raises(ValueError, match="worker processes"):
+        L.measure_throughput(L.SyntheticImages(4), 0, persistent_workers=True)
+
+
+@pytest.mark.slow
+def test_measure_throughput_with_workers():
+    ds = L.SyntheticImages(48, size=32, out_size=16)
+    runs = [
+        L.measure_throughput(ds, 0, batch_size=8),
+        L.measure_throughput(ds, 2, batch_size=8, epochs=2, persistent_workers=True, prefetch_factor=4, timeout=60),
+    ]
+    assert all(r.each_item_once for r in runs)
+    assert runs[1].items == 96
+    lines = L.format_runs(runs).splitlines()
+    assert lines[-1].split()[:3] == ["2", "yes", "4"]
+
+
+def test_plot_throughput_marks_cores():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [L.LoaderRun(w, False, None, 8, items=64, epoch_seconds=[1.0 / (w + 1)]) for w in (0, 1, 2)]
+    ax = L.plot_throughput(runs, cores=2)
+    labels = ax.get_legend_handles_labels()[1]
+    assert any("CPU cores on this machine (2)" in s for s in labels)
+    assert any("2-4x cores (4-8)" in s for s in labels)
+    plt.close("all")
+
+
+def test_tensor_stats_is_deterministic_text():
+    x = torch.tensor([[[0.0, 1.0]], [[0.5, 0.5]], [[1.0, 1.0]]])
+    assert L.tensor_stats(x, "x") == (
+        "x            shape (3, 1, 2) float32 min 0.0000 max 1.0000 mean/channel [0.5000, 0.5000, 1.0000]"
+    )
+
+
+def test_worker_init_sets_one_thread():
+    before = torch.get_num_threads()
+    try:
+        L.worker_init(0)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert L.cpu_cores() >= 1
+
+
+# ----------------------------------------------------------------- batch browser logic
+
+
+def _loader_batches(n, **kw):
+    ds = L._Range(n)
+    return [b.tolist() for b in DataLoader(ds, **kw)]
+
+
+def test_batch_view_matches_a_real_dataloader_over_epochs():
+    labels = [i % 3 for i in range(50)]
+    g = torch.Generator().manual_seed(7)
+    loader = DataLoader(L._Range(50), batch_size=8, shuffle=True, generator=g)
+    epochs = [[b.tolist() for b in loader] for _ in range(3)]
+    for e in range(3):
+        view = L.batch_view(labels, batch_size=8, shuffle=True, seed=7, epoch=e, batch=2)
+        assert view.batches == epochs[e]
+        assert view.indices == epochs[e][2]
+        assert view.labels == [labels[i] for i in epochs[e][2]]
+        assert view.sampler == "RandomSampler"
+    assert epochs[0] != epochs[1]
+
+
+def test_batch_view_samplers():
+    labels = [0] * 90 + [1] * 10
+    seq = L.batch_view(labels, batch_size=10, shuffle=False)
+    assert seq.order == list(range(100)) and seq.sampler == "SequentialSampler"
+    assert L.batch_view(labels, shuffle=False, sampler="sequential").order == list(range(100))
+    rnd = L.batch_view(labels, shuffle=False, sampler="random", seed=1)
+    assert sorted(rnd.order) == list(range(100)) and rnd.order != list(range(100))
+    w = L.batch_view(labels, batch_size=100, shuffle=False, sampler="weighted", seed=0)
+    assert w.sampler == "WeightedRandomSampler"
+    minority = sum(1 for i in w.order if labels[i] == 1)
+    assert 30 <= minority <= 70  # balanced on average, not 10 in 100
+    assert len(set(w.order)) < 100  # drawn with replacement
+    assert L.batch_view(labels, batch_size=16, batch=99).batch == 6  # clamped to the last batch
+    assert len(L.batch_view(labels, batch_size=16, batch=6).indices) == 4
+    assert len(L.batch_view(labels, batch_size=16, batch=99, drop_last=True).indices) == 16
+
+
+def test_batch_view_refuses_shuffle_with_a_sampler():
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        L.batch_view([0, 1], shuffle=True, sampler="weighted")
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        L.batch_view([0, 1], shuffle=False, sampler="bogus")
+
+
+def test_class_balanced_weights():
+    w = L.class_balanced_weights([0, 0, 0, 1])
+    assert w.tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0])
+
+
+def test_draw_batch_view_and_widget():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    images = torch.rand(40, 1, 28, 28)
+    labels = [i % 10 for i in range(40)]
+    view = L.batch_view(labels, **L.BATCH_BROWSER_DEFAULTS)
+    fig = L.draw_batch_view(view, images)
+    assert "RandomSampler, epoch 0: batch 0 of 3 (16 images)" in fig.texts[0].get_text()
+    plt.close("all")
+    box = L.batch_browser(images, labels)
+    assert len(box.children) == 3
+    plt.close("all")
+
+
+def test_worker_kwargs():
+    assert L.worker_kwargs(0) == {"num_workers": 0}
+    kw = L.worker_kwargs(2, timeout=5)
+    assert kw == {"num_workers": 2, "timeout": 5, "worker_init_fn": L.worker_init}
+    DataLoader(L._Range(3), **L.worker_kwargs(0))  # accepted as is
+    with pytest.raises(ValueError):
+        L.worker_kwargs(-1)
+
+
+def test_to_tensor_matches_torchvision():
+    from PIL import Image
+    from torchvision.transforms import ToTensor
+
+    gray = load_image(image_paths("test")[0][0])
+    rgb = Image.fromarray((np.arange(2 * 3 * 3) * 9 % 256).astype(np.uint8).reshape(2, 3, 3), mode="RGB")
+    for img in (gray, rgb):
+        assert torch.equal(L.to_tensor(img), ToTensor()(img))
