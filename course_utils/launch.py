@@ -76,7 +76,13 @@ class LaunchError(RuntimeError):
 
     Attributes: ``rank`` (None if no rank is to blame), ``exit_code``, ``log_dir``,
     ``logs`` (stdout text per rank), ``stderr`` (stderr text per rank), ``elapsed`` (seconds
-    from the launcher's start to the end of the job).
+    from the launcher's start to the end of the job), ``error`` (the last line of the failing
+    rank's error output, e.g. ``"ValueError: bad shape"``; "" if none).
+
+    Which rank is named: the one that failed by itself (not one that only lost its peer or
+    was stopped by the launcher); among several that failed the same way, the lowest. When
+    every rank would hit the same error, the launcher may stop the slower ones before they
+    get there, so the rank named can vary from run to run; ``error`` does not.
     """
 
     def __init__(
@@ -89,9 +95,11 @@ class LaunchError(RuntimeError):
         logs: Sequence[str] = (),
         stderr: Sequence[str] = (),
         elapsed: float = 0.0,
+        error: str = "",
     ) -> None:
         super().__init__(message)
         self.elapsed = elapsed
+        self.error = error
         self.rank = rank
         self.exit_code = exit_code
         self.log_dir = log_dir
@@ -368,11 +376,15 @@ class _Widget:
             f"<table>{''.join(rows)}</table></div>"
         )
 
-    def update(self, status: str, tails: Mapping[int, list[str]], force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.last >= 0.25:
-            self.last = now
-            self.widget.value = self._html(status, tails)
+    def due(self) -> bool:
+        """At most four refreshes a second."""
+        return time.monotonic() - self.last >= 0.25
+
+    def update(self, status: str, tails: Mapping[int, list[str]]) -> None:
+        self.last = time.monotonic()
+        value = self._html(status, tails)
+        if value != self.widget.value:
+            self.widget.value = value
 
     def close(self) -> None:
         from IPython.display import update_display
@@ -403,12 +415,16 @@ class _Job:
                 self.widget = None
         if sys.platform.startswith("linux"):
             cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
-        with open(self.launcher_log, "wb") as fh:
-            self.t0 = time.monotonic()
-            self.proc = subprocess.Popen(
-                cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        try:
+            with open(self.launcher_log, "wb") as fh:
+                self.t0 = time.monotonic()
+                self.proc = subprocess.Popen(
+                    cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        except BaseException:
+            self.close_widget()
+            raise
 
     # logs -------------------------------------------------------------------------
     def _find_attempts(self) -> None:
@@ -444,10 +460,9 @@ class _Job:
                             "".join(f"[rank {r}] {_strip_torch_prefix(line)}\n" for line in new_err)
                         )
                         sys.stderr.flush()
-        if self.widget is not None:
-            last = self.last_attempt()
-            tails = {r: (o.lines + [_strip_torch_prefix(x) for x in e.lines])[-3:]
-                     for r, (o, e) in enumerate(last)}
+        if self.widget is not None and self.widget.due():
+            tails = {r: (o.lines[-3:] + [_strip_torch_prefix(x) for x in e.lines[-3:]])[-3:]
+                     for r, (o, e) in enumerate(self.last_attempt())}
             n = max(self.attempts) if self.attempts else 0
             status = f"running, {time.monotonic() - self.t0:.0f} s"
             if n:
@@ -472,7 +487,8 @@ class _Job:
         for r, (out, err) in enumerate(self.last_attempt()):
             for tail, kind in ((out, "stdout"), (err, "stderr")):
                 dst = self.log_dir / f"rank{r}.{kind}.log"
-                if tail.path.exists() and not dst.exists():
+                dst.unlink(missing_ok=True)  # a log_dir used before keeps only this job's
+                if tail.path.exists():
                     try:
                         os.link(tail.path, dst)
                     except OSError:
@@ -707,6 +723,7 @@ def torchrun(
             f"Its full log: {logs_path / f'rank{rank}.stderr.log'} (every rank's logs are in {logs_path})",
             rank=rank,
             exit_code=code,
+            error=tail[-1] if tail else "",
             **common,
         )
     if mode == "notebook":
