@@ -49,6 +49,7 @@ __all__ = [
     "atomic_save",
     "build_model",
     "build_parser",
+    "compare_lines",
     "confusion_matrix",
     "epoch_seed",
     "evaluate",
@@ -574,3 +575,31 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a script beside the snippet it grew from
+# --------------------------------------------------------------------------------------------
+
+def _find_line(text: str, fragment: str, what: str) -> tuple[int, str]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if fragment in line:
+            return number, line.strip()
+    raise ValueError(f"{fragment!r} is not in {what} any more: update the comparison")
+
+
+def compare_lines(left: str, right: str, pairs: Sequence[tuple[str, str]],
+                  names: tuple[str, str] = ("skeleton", "train.py")) -> str:
+    """Pairs of lines, one from each text, found by a fragment of each, with their line numbers.
+
+    A fragment of ``""`` on the left means "missing from the left text". Raises ``ValueError``
+    when a fragment is not found, so the comparison cannot drift away from the files.
+    """
+    width = max(len(n) for n in names)
+    out = []
+    for i, (a, b) in enumerate(pairs, 1):
+        na, la = _find_line(left, a, names[0]) if a else (0, "(missing)")
+        nb, lb = _find_line(right, b, names[1])
+        out.append(f"[{i:>2}] {names[0]:<{width}} {na or '-':>4} | {la}")
+        out.append(f"     {names[1]:<{width}} {nb:>4} | {lb}")
+    return "\n".join(out)

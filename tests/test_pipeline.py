@@ -25,6 +25,7 @@ from course_utils.pipeline import (
     all_reduce_sums,
     atomic_save,
     build_model,
+    compare_lines,
     confusion_matrix,
     evaluate,
     format_config,
@@ -162,6 +163,18 @@ def test_all_reduced_metric_on_two_real_processes(tmp_path, one_thread):
     for r in results:  # every rank holds the global numbers, each image counted once
         assert (r["correct"], r["total"]) == (whole.correct, whole.total) and r["total"] == 359
         assert r["loss"] == pytest.approx(whole.loss, rel=1e-6)
+
+
+def test_compare_lines_finds_each_fragment_and_refuses_drift():
+    text = compare_lines("a = 1\nb = 2", "x = 1\ny = b + 1", [("b = 2", "y = b"), ("", "x =")])
+    assert text.splitlines() == [
+        "[ 1] skeleton    2 | b = 2",
+        "     train.py    2 | y = b + 1",
+        "[ 2] skeleton    - | (missing)",
+        "     train.py    1 | x = 1",
+    ]
+    with pytest.raises(ValueError, match="'z' is not in train.py"):
+        compare_lines("a", "b", [("a", "z")])
 
 
 def test_confusion_matrix():

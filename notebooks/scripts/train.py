@@ -31,6 +31,7 @@ from course_utils.pipeline import (
     TrainConfig,
     atomic_save,
     build_model,
+    epoch_seed,
     evaluate,
     format_config,
     get_rng_state,
@@ -111,7 +112,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     for epoch in range(start_epoch, cfg.epochs):
         t0, c0 = time.perf_counter(), time.process_time()
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch * 1009 + ctx.rank)  # worker seeds
+        loader_gen.manual_seed(epoch_seed(cfg.seed, epoch, ctx.rank))  # seeds of this epoch's workers
         model.train()
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of loss x n, n]
         bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
