@@ -1,0 +1,202 @@
+"""course_utils.dist_viz: the DistributedSampler re-implementation against the real one, the
+pictures, the explorer, and the bounded spawn."""
+
+import itertools
+import json
+import os
+import time
+
+import matplotlib
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from course_utils.dist_viz import (
+    COLLECTIVES,
+    EXPLORER_DEFAULTS,
+    draw_collectives,
+    draw_sampler,
+    draw_sampler_epochs,
+    draw_shards,
+    free_port,
+    load_rank_records,
+    sampler_explorer,
+    sampler_indices,
+    sampler_view,
+    spawn_bounded,
+)
+
+matplotlib.use("Agg")
+
+
+def real(n, world, epoch, shuffle, seed, drop_last):
+    out = []
+    for r in range(world):
+        s = DistributedSampler(list(range(n)), num_replicas=world, rank=r, shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize(("shuffle", "drop_last"), list(itertools.product([True, False], [True, False])))
+def test_sampler_indices_match_torch(shuffle, drop_last):
+    for n, world, epoch, seed in itertools.product([1, 2, 3, 7, 10, 12, 13], [1, 2, 3, 4, 8], [0, 1, 5], [0, 3]):
+        if drop_last and n < world:
+            continue  # torch's sampler then yields nothing on every rank; so do we (checked below)
+        assert sampler_indices(n, world, epoch, shuffle, seed, drop_last) == real(n, world, epoch, shuffle, seed, drop_last), \
+            (n, world, epoch, shuffle, seed, drop_last)
+
+
+def test_sampler_indices_tiny_data_with_drop_last_matches_torch():
+    assert sampler_indices(3, 4, drop_last=True) == real(3, 4, 0, True, 0, True) == [[], [], [], []]
+
+
+def test_padding_wraps_round_when_world_is_bigger_than_data():
+    assert sampler_indices(2, 5, shuffle=False) == real(2, 5, 0, False, 0, False) == [[0], [1], [0], [1], [0]]
+
+
+def test_sampler_indices_partition_the_data():
+    shares = sampler_indices(12, 3, epoch=4)
+    flat = sorted(i for s in shares for i in s)
+    assert flat == list(range(12))
+    assert sampler_indices(12, 3, epoch=4) != sampler_indices(12, 3, epoch=5)
+
+
+@pytest.mark.parametrize("bad", [{"n": 0}, {"world_size": 0}, {"epoch": -1}])
+def test_sampler_indices_refuses_nonsense(bad):
+    kw = {"n": 10, "world_size": 2, "epoch": 0} | bad
+    with pytest.raises(ValueError):
+        sampler_indices(**kw)
+
+
+def test_sampler_view_text_padding_and_drop():
+    v = sampler_view(10, 3, 0, True, False)
+    assert v.padding == 2 and v.dropped == []
+    assert "2 padded" in v.text()
+    assert v.text().count("  rank ") == 3
+    d = sampler_view(10, 3, 0, True, True)
+    assert d.padding == 0 and len(d.dropped) == 1
+    assert "1 dropped" in d.text()
+    assert d.per_rank == sampler_indices(10, 3, 0, True, 0, True)
+
+
+def test_sampler_view_text_is_deterministic():
+    assert sampler_view(**EXPLORER_DEFAULTS).text() == sampler_view(**EXPLORER_DEFAULTS).text()
+
+
+def test_draw_sampler_prints_and_returns_a_figure(capsys):
+    fig = draw_sampler(**EXPLORER_DEFAULTS)
+    assert "rank 2:" in capsys.readouterr().out
+    assert fig.axes[0].get_title().startswith("DistributedSampler")
+    matplotlib.pyplot.close(fig)
+    fig = draw_sampler(7, 2, 1, False, True)
+    matplotlib.pyplot.close(fig)
+
+
+def test_draw_sampler_epochs():
+    records = []
+    for r in range(2):
+        rec = {"rank": r, "small": 10}
+        rec["with set_epoch"] = [sampler_indices(10, 2, e)[r] for e in range(3)]
+        rec["without set_epoch"] = [sampler_indices(10, 2, 0)[r] for _ in range(3)]
+        records.append(rec)
+    fig = draw_sampler_epochs(records)
+    assert len(fig.axes) == 2
+    matplotlib.pyplot.close(fig)
+
+
+def collective_records():
+    return [
+        {"rank": 0, "collectives": {
+            "all_reduce": {"before": [1, 10], "after": [3, 30]}, "reduce": {"before": [1, 10], "after": [3, 30]},
+            "broadcast": {"before": [1, 10], "after": [1, 10]},
+            "all_gather": {"before": [1, 10], "after": [1, 10, 2, 20]},
+            "reduce_scatter": {"before": [1, 10], "after": [3]}}},
+        {"rank": 1, "collectives": {
+            "all_reduce": {"before": [2, 20], "after": [3, 30]}, "reduce": {"before": [2, 20], "after": [2, 20]},
+            "broadcast": {"before": [2, 20], "after": [1, 10]},
+            "all_gather": {"before": [2, 20], "after": [1, 10, 2, 20]},
+            "reduce_scatter": {"before": [2, 20], "after": [30]}}},
+    ]
+
+
+def test_draw_collectives_one_panel_per_collective():
+    fig = draw_collectives(list(reversed(collective_records())))  # any order: sorted by rank
+    assert len(fig.axes) == len(COLLECTIVES)
+    assert fig.axes[0].get_title(loc="left").startswith("all_reduce")
+    matplotlib.pyplot.close(fig)
+
+
+def test_draw_shards():
+    full = {"fc1.weight": [256, 784], "fc2.bias": [10]}
+    local = [{"fc1.weight": [128, 784], "fc2.bias": [5]}, {"fc1.weight": [128, 784], "fc2.bias": [5]}]
+    fig = draw_shards(full, local)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "rank 1: rows 128-255" in texts
+    matplotlib.pyplot.close(fig)
+
+
+def test_load_rank_records(tmp_path):
+    for r in range(3):
+        (tmp_path / f"x_rank{r}.json").write_text(json.dumps({"rank": r}))
+    assert [rec["rank"] for rec in load_rank_records(tmp_path, "x")] == [0, 1, 2]
+    with pytest.raises(FileNotFoundError, match="--out"):
+        load_rank_records(tmp_path, "missing")
+
+
+def test_free_port():
+    p = free_port()
+    assert 1024 <= p <= 65535
+
+
+def test_explorer_builds():
+    pytest.importorskip("ipywidgets")
+    w = sampler_explorer()
+    assert len(w.children) == 3
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def _ok(index, folder):
+    with open(os.path.join(folder, f"{index}.txt"), "w") as fh:
+        fh.write(str(index))
+
+
+def _fail(index):
+    raise SystemExit(3)
+
+
+def _sleep(index):
+    time.sleep(60)
+
+
+def test_spawn_zero_processes_is_a_silent_no_op():
+    assert spawn_bounded(_ok, args=("unused",), nprocs=0, timeout=5) == 0
+
+
+@pytest.mark.slow
+def test_spawn_bounded_runs_and_joins(tmp_path):
+    assert spawn_bounded(_ok, args=(str(tmp_path),), nprocs=2, timeout=60, start_method="fork") == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.txt", "1.txt"]
+
+
+@pytest.mark.slow
+def test_spawn_bounded_reports_a_failing_child():
+    import torch.multiprocessing as mp
+
+    with pytest.raises(mp.ProcessExitedException):
+        spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
+
+
+@pytest.mark.slow
+def test_spawn_bounded_stops_children_at_the_deadline():
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish"):
+        spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")
+    assert time.monotonic() - t0 < 30
+
+
+def test_torch_is_still_usable_after_import():
+    assert torch.tensor([1]).item() == 1
