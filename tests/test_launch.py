@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -355,13 +356,18 @@ def test_hung_job_is_killed_at_its_timeout(tmp_path):
                  env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
     took = time.monotonic() - t0
     assert limit <= took < limit + launch.GRACE_S + 5, took
+    # On an idle machine both ranks are up within a few seconds; on a very busy one the
+    # timeout may come while they start, and they must not survive that either.
     pid_files = sorted(tmp_path.glob("rank*.pid"))
-    assert len(pid_files) == 2, "the ranks did not start before the timeout (machine too busy?)"
-    pids = [int(p) for f in pid_files for p in f.read_text().split()]  # 2 ranks + their children
+    pids = [int(p) for f in pid_files for p in f.read_text().split()]  # ranks + their children
     assert [p for p in pids if alive(p)] == []  # rank 0 ignored SIGTERM: it was SIGKILLed
     assert tagged_processes(tag) == []  # nor the launcher, nor anything else of the job
     exc = info.value
-    assert exc.logs == ["rank 0 waiting forever\n", "rank 1 waiting forever\n"]
+    if len(pid_files) == 2:
+        assert exc.logs == ["rank 0 waiting forever\n", "rank 1 waiting forever\n"]
+    else:
+        warnings.warn("the ranks had not started at the timeout; only the clean-up was tested",
+                      stacklevel=1)
     assert sanitize(str(exc)) == (
         f"{SCRIPTS}/hang.py (2 processes) did not finish within its timeout of T s, so every "
         "process of the job was stopped.\n"
