@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import html
 import os
 import random
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +50,7 @@ __all__ = [
     "digits_flat",
     "device_mismatch",
     "eval_mode_effects",
-    "forgotten_zero_grad",
+    "grad_norms",
     "graph_size",
     "inplace_breaks_autograd",
     "layer_in_forward",
@@ -67,9 +69,11 @@ __all__ = [
     "summary_table",
     "switchboard_figure",
     "switchboard_run",
+    "switchboard_overview",
     "switchboard_summary",
     "switchboard_widget",
     "touch_worker",
+    "train_briefly",
     "worker_draws",
 ]
 
@@ -177,8 +181,8 @@ class PitfallLedger:
         self.errors: dict[str, BaseException] = {}
 
     def check(self, key: str, title: str, measure: str, *, bug: Any, fix: Any,
-              bug_seen: bool, fixed: bool) -> PitfallResult:
-        """Record one pitfall's measurements; fail unless the bug showed and the fix worked."""
+              bug_seen: bool, fixed: bool) -> None:
+        """Record one pitfall's measurements and print them; fail unless the bug showed and the fix worked."""
         result = PitfallResult(key, title, measure, bug, fix, bool(bug_seen), bool(fixed))
         self._results[key] = result  # re-running a cell replaces its row, keeps its place
         if not result.bug_seen:
@@ -189,7 +193,6 @@ class PitfallLedger:
         if not result.fixed:
             raise AssertionError(f"{title}: the fix did not work ({measure} = {_fmt(fix)}).")
         print(result.line())
-        return result
 
     @contextlib.contextmanager
     def expect_error(self, key: str, error: type[BaseException] | tuple[type[BaseException], ...],
@@ -222,6 +225,25 @@ class PitfallLedger:
 # ---------------------------------------------------------------------------------------------
 # Shared small pieces: data, training loop, autograd measurements
 # ---------------------------------------------------------------------------------------------
+
+
+def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` with one intra-op thread, then restore the setting.
+
+    These models are tiny: a second thread buys little, costs a lot on a busy machine (threads
+    spin while waiting for a core), and one thread gives the same numbers on every machine.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
 
 
 @lru_cache(maxsize=1)
@@ -355,10 +377,9 @@ def _train_mlp(model: nn.Module, steps: int, lr: float, batch_size: int, seed: i
     return losses
 
 
-def layer_in_forward(buggy: bool, steps: int = 40, lr: float = 0.1, batch_size: int = 64, seed: int = 0) -> LayerRun:
-    """Train the source's MLP (fixed) or the same MLP with ``fc2`` created in forward (buggy)."""
-    torch.manual_seed(seed)
-    model = LayerInForwardMLP() if buggy else MLP()
+@_one_thread
+def train_briefly(model: nn.Module, steps: int = 40, lr: float = 0.1, batch_size: int = 64, seed: int = 0) -> LayerRun:
+    """Train `model` for a few SGD steps on the digits; measure parameters, losses and repeatability."""
     n_params = sum(p.numel() for p in model.parameters())
     losses = _train_mlp(model, steps, lr, batch_size, seed)
     x = _digits()[0][:8]
@@ -367,26 +388,34 @@ def layer_in_forward(buggy: bool, steps: int = 40, lr: float = 0.1, batch_size: 
     return LayerRun(n_params, losses, diff)
 
 
+def layer_in_forward(buggy: bool, steps: int = 40, lr: float = 0.1, batch_size: int = 64, seed: int = 0) -> LayerRun:
+    """Train the source's MLP (fixed) or the same MLP with ``fc2`` created in forward (buggy)."""
+    torch.manual_seed(seed)
+    model = LayerInForwardMLP() if buggy else MLP()
+    return train_briefly(model, steps, lr, batch_size, seed)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pitfall 2: shuffle=True under DDP instead of DistributedSampler + set_epoch
 # ---------------------------------------------------------------------------------------------
 
 
 def sampler_orders(n: int, world_size: int = 2, epochs: int = 2, mode: str = "sampler+set_epoch",
-                   seed: int = 0) -> list[list[list[int]]]:
+                   seed: int = 0, seed_per_rank: bool = False) -> list[list[list[int]]]:
     """The sample indices each rank visits, ``orders[epoch][rank]``, simulated in one process.
 
     mode: ``"shuffle"`` (every rank builds ``DataLoader(shuffle=True)`` after seeding torch the
     same way, as every rank of a DDP job does), ``"sampler"`` (``DistributedSampler`` without
     ``set_epoch``) or ``"sampler+set_epoch"``. ``DistributedSampler(num_replicas, rank)`` is
-    exactly what each rank would build, so this is what a real job sees.
+    exactly what each rank would build, so this is what a real job sees. ``seed_per_rank``
+    seeds rank r with ``seed + r`` instead (a common attempt to "fix" ``shuffle=True``).
     """
     if mode not in ("shuffle", "sampler", "sampler+set_epoch"):
         raise ValueError(f"mode must be 'shuffle', 'sampler' or 'sampler+set_epoch', not {mode!r}")
     data = list(range(n))
     orders: list[list[list[int]]] = [[] for _ in range(epochs)]
     for rank in range(world_size):
-        torch.manual_seed(seed)  # what seed_everything(0) does at the top of every rank's script
+        torch.manual_seed(seed + rank if seed_per_rank else seed)  # what every rank's script does at its top
         if mode == "shuffle":
             loader = DataLoader(data, batch_size=1, shuffle=True)
         else:
@@ -430,7 +459,10 @@ def sampler_figure(n: int = 16, world_size: int = 2, epochs: int = 2):
         ax.imshow(grid, cmap=cmap, vmin=0, vmax=n, aspect="auto")
         for (row, col), v in np.ndenumerate(grid):
             if v:
-                ax.text(col, row, int(v) - 1, ha="center", va="center", fontsize=7, color="white")
+                ax.text(col, row, int(v) - 1, ha="center", va="center", fontsize=7,
+                        color="black" if v > 0.6 * n else "white")
+        for e in range(1, epochs):
+            ax.axhline(e * world_size - 0.5, color="black", lw=1.5)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("sample index")
         ax.set_xticks(range(0, n, 4))
@@ -485,6 +517,7 @@ class EvalReport:
     saved_bytes_no_grad: int
 
 
+@_one_thread
 def eval_mode_effects(model: nn.Module, batch_size: int = 32) -> EvalReport:
     """Evaluate a copy of `model` on the digits test set twice in train mode (the bug) and
     twice with ``eval()`` + ``no_grad()`` (the fix)."""
@@ -555,6 +588,7 @@ def _error_text(fn: Callable[[], Any]) -> str:
     return ""
 
 
+@_one_thread
 def device_mismatch(device: torch.device | str | None = None, seed: int = 0) -> DeviceReport:
     """Reproduce pitfall 4. With a GPU: a real one-process DDP model on ``cuda`` (DDP moves the
     input; labels and class weights left on the CPU break the loss). Without one: the ``meta``
@@ -597,14 +631,21 @@ def _device_report(device: torch.device, out: torch.Tensor, y: torch.Tensor, wei
 # ---------------------------------------------------------------------------------------------
 
 
-def forgotten_zero_grad(calls: int = 3, seed: int = 0) -> list[float]:
-    """Norm of ``fc1.weight.grad`` after 1, 2, ... backward calls on the same batch without
-    ``zero_grad``: it grows linearly, because ``.grad`` accumulates."""
+@_one_thread
+def grad_norms(calls: int = 3, zero_grad: bool = False, seed: int = 0) -> list[float]:
+    """Norm of ``fc1.weight.grad`` after each of `calls` backward passes on the same batch.
+
+    Without ``zero_grad`` it grows linearly (1x, 2x, 3x ...), because ``.grad`` accumulates;
+    with ``zero_grad`` before each pass it stays the same.
+    """
     torch.manual_seed(seed)
     model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y, _, _ = _digits()
     norms = []
     for _ in range(calls):
+        if zero_grad:
+            opt.zero_grad()
         F.cross_entropy(model(x[:64]), y[:64]).backward()
         norms.append(model.fc1.weight.grad.norm().item())
     return norms
@@ -620,6 +661,7 @@ class AccumulationReport:
     max_param_diff_after_step: float
 
 
+@_one_thread
 def accumulation_equivalence(k: int = 4, batch_size: int = 64, seed: int = 0) -> AccumulationReport:
     """Gradient accumulation done right equals one big batch, numerically (float64, no BatchNorm)."""
     x, y, _, _ = _digits()
@@ -651,6 +693,7 @@ def accumulation_equivalence(k: int = 4, batch_size: int = 64, seed: int = 0) ->
     return AccumulationReport(k, d_scaled, d_unscaled, d_params)
 
 
+@_one_thread
 def no_sync_allreduce_calls(k: int = 4, use_no_sync: bool = True, seed: int = 0) -> tuple[int, torch.Tensor]:
     """Accumulate k micro-batches in a one-process DDP model; count the gradient all-reduces.
 
@@ -728,6 +771,9 @@ def touch_worker(rank: int, world_size: int, folder: str) -> None:
     Path(folder, f"rank{rank}-of-{world_size}").touch()
 
 
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b")
+
+
 class SpawnFailed(RuntimeError):
     """``mp.spawn``'s child processes died before doing their work."""
 
@@ -735,9 +781,12 @@ class SpawnFailed(RuntimeError):
 def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> int:
     """``torch.multiprocessing.spawn`` with a time limit; returns how many processes ran to the end.
 
-    A failure raises :class:`SpawnFailed` with the child's own last error line (the children's
-    tracebacks are also shown on stderr), and the same message whichever child failed first.
+    Waits for every child (not only the first to fail), so the outcome does not depend on which
+    child was faster. A failure raises :class:`SpawnFailed` quoting the children's own error
+    line; their full tracebacks are written to stderr.
     """
+    import sys
+
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryFile() as err_file:
@@ -749,34 +798,29 @@ def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, tim
             os.dup2(saved, 2)
             os.close(saved)
         deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=0.2):
-                if time.monotonic() > deadline:
-                    raise SpawnFailed(f"mp.spawn: the processes did not finish within {timeout:g} s.")
-        except mp.ProcessException:
-            pass
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-                p.join(5)
+        for p in ctx.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        late = [p for p in ctx.processes if p.is_alive()]
+        for p in late:
+            p.terminate()
+            p.join(5)
         err_file.seek(0)
         err_text = err_file.read().decode("utf-8", "replace")
     if err_text:
-        import sys
-
         sys.stderr.write(err_text)
         sys.stderr.flush()
-    codes = [p.exitcode for p in ctx.processes]
-    failed = [c for c in codes if c != 0]
+    if late:
+        raise SpawnFailed(f"mp.spawn: {len(late)} of {nprocs} processes did not finish within {timeout:g} s "
+                          "and were stopped.")
+    failed = [p.exitcode for p in ctx.processes if p.exitcode != 0]
     if failed:
-        lines = [ln for ln in err_text.splitlines() if ln.strip() and not ln.startswith((" ", "Traceback", "W"))]
-        cause = lines[-1] if lines else "no error message"
+        causes = [ln.strip() for ln in err_text.splitlines() if _ERROR_LINE.match(ln.strip())]
+        cause = causes[-1] if causes else "(no error message)"
         raise SpawnFailed(
-            f"{len(failed)} of {nprocs} child processes exited with code {failed[0]} before running "
-            f"{getattr(fn, '__name__', fn)!s}. The children's error: {cause}"
+            f"{len(failed)} of {nprocs} child processes exited with code {max(set(failed), key=failed.count)} "
+            f"before finishing {getattr(fn, '__name__', fn)!s}. The children's error: {cause}"
         )
-    return len(codes)
+    return nprocs
 
 
 def checked_spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> int:
@@ -817,6 +861,7 @@ class LossSumReport:
     saved_bytes: int
 
 
+@_one_thread
 def loss_sum_keeps_graph(use_item: bool, steps: int = 20, train: bool = False, batch_size: int = 64,
                          seed: int = 0) -> LossSumReport:
     """Sum the loss of `steps` batches into ``total``: ``total += loss`` (a tensor, whose graph
@@ -974,14 +1019,15 @@ def _normalise(mistakes: Sequence[str] | None) -> tuple[str, ...]:
     return mistakes
 
 
-def switchboard_run(mistakes: Sequence[str] | None = (), steps: int = 120, eval_every: int = 20,
-                    batch_size: int = 64, lr: float = 0.05, seed: int = 0) -> SwitchboardRun:
+def switchboard_run(mistakes: Sequence[str] | None = (), steps: int = 200, eval_every: int = 20,
+                    batch_size: int = 64, lr: float = 0.1, seed: int = 0) -> SwitchboardRun:
     """Train :class:`SwitchNet` on the digits with the given mistakes switched on (see ``SWITCHES``)."""
     on = _normalise(mistakes)
     return _switchboard_cached(on, steps, eval_every, batch_size, lr, seed)
 
 
 @lru_cache(maxsize=64)
+@_one_thread
 def _switchboard_cached(on: tuple[str, ...], steps: int, eval_every: int, batch_size: int, lr: float,
                         seed: int) -> SwitchboardRun:
     x, y, xt, yt = _digits()
@@ -1036,9 +1082,8 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",), **kwa
     clean = switchboard_run((), **kwargs)
     bad = switchboard_run(on, **kwargs)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for run, colour, name in ((clean, "tab:blue", "no mistake"), (bad, "tab:red", "with the mistakes")):
-        if run is bad and not on:
-            continue
+    runs = [(clean, "tab:blue", "no mistake")] + ([(bad, "tab:red", "mistakes on")] if on else [])
+    for run, colour, name in runs:
         sm = _smooth(run.train_loss)
         ax1.plot(np.arange(len(sm)) + len(run.train_loss) - len(sm) + 1, sm, color=colour, label=name)
         ax2.plot(run.val_steps, run.val_loss, "o-", color=colour, label=f"{name} (as reported)")
@@ -1059,16 +1104,28 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",), **kwa
     return fig
 
 
+def _summary_lines(rows: Sequence[tuple[str, SwitchboardRun]]) -> str:
+    width = max(18, *(len(name) for name, _ in rows))
+    lines = [f"{'run':{width}s} {'final train loss':>16s} {'reported val loss':>17s} {'true val loss':>13s} "
+             f"{'true val acc':>12s} {'steps in train()':>16s}"]
+    for name, r in rows:
+        lines.append(f"{name:{width}s} {r.train_loss[-1]:16.4f} {r.val_loss[-1]:17.4f} {r.final_val_loss_true:13.4f} "
+                     f"{r.final_val_acc_true:12.4f} {r.steps_in_train_mode:16d}")
+    return "\n".join(lines)
+
+
 def switchboard_summary(mistakes: Sequence[str] | None = ("no_zero_grad",), **kwargs: Any) -> str:
     """The switchboard's numbers as text: the same run without and with the mistakes."""
     on = _normalise(mistakes)
-    rows = [("no mistake", switchboard_run((), **kwargs)), ("with the mistakes", switchboard_run(on, **kwargs))]
-    lines = [f"{'run':18s} {'final train loss':>16s} {'reported val loss':>17s} {'true val loss':>13s} "
-             f"{'true val acc':>12s} {'steps in train()':>16s}"]
-    for name, r in rows:
-        lines.append(f"{name:18s} {r.train_loss[-1]:16.4f} {r.val_loss[-1]:17.4f} {r.final_val_loss_true:13.4f} "
-                     f"{r.final_val_acc_true:12.4f} {r.steps_in_train_mode:16d}")
-    return "\n".join(lines)
+    return _summary_lines([("no mistake", switchboard_run((), **kwargs)),
+                           ("with the mistakes", switchboard_run(on, **kwargs))])
+
+
+def switchboard_overview(**kwargs: Any) -> str:
+    """One row per mistake switched on alone, under the clean run."""
+    rows = [("no mistake", switchboard_run((), **kwargs))]
+    rows += [(key, switchboard_run((key,), **kwargs)) for key in SWITCHES]
+    return _summary_lines(rows)
 
 
 def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
@@ -1086,7 +1143,8 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
         with out:
             out.clear_output(wait=True)
             fig = switchboard_figure(chosen)
-            plt.show(fig)
+            display(fig)
+            plt.close(fig)
             print(switchboard_summary(chosen))
 
     for b in boxes.values():
