@@ -598,8 +598,9 @@ def torchrun(
     """Run `script` on `nproc` local processes with ``python -m torch.distributed.run``.
 
     `script` is relative to `cwd` (default: the current directory; a notebook's is
-    ``notebooks/``). `backend` None lets ``course_utils.dist.choose_backend`` pick (nccl with
-    a GPU per rank, else gloo); it reaches the ranks as ``COURSE_BACKEND``. `timeout` in
+    ``notebooks/``). `backend` None: ``COURSE_BACKEND`` if set, else
+    ``course_utils.dist.choose_backend`` picks (nccl with a GPU per rank, else gloo); it
+    reaches the ranks as ``COURSE_BACKEND``. `timeout` in
     seconds (None: no limit). `env`: extra environment variables for the ranks. `show`:
     live widget then output grouped by rank (Jupyter), or lines streamed with a
     ``[rank N]`` prefix (terminal). `log_dir`: where the logs go (default: a new temporary
@@ -622,8 +623,10 @@ def torchrun(
         raise ValueError(f"max_restarts must be 0 or more; got {max_restarts!r}.")
     from .dist import check_backend, choose_backend  # imports torch: only when launching
 
-    backend = backend or choose_backend(nproc)
-    check_backend(backend, nproc)
+    backend = (backend or (env or {}).get("COURSE_BACKEND") or os.environ.get("COURSE_BACKEND")
+               or choose_backend(nproc))
+    check_backend(str(backend), nproc)
+    backend = str(backend)
 
     job_id = uuid.uuid4().hex
     if log_dir is None:

@@ -127,6 +127,38 @@ def test_bad_arguments_are_refused_before_anything_starts(monkeypatch):
         torchrun(ok, nproc=gpus + 1, backend="nccl", cwd=ROOT)
 
 
+class _Started(Exception):
+    pass
+
+
+def test_command_and_environment_of_the_ranks(monkeypatch):
+    seen = {}
+
+    def fake_popen(cmd, **kw):
+        seen.update(cmd=cmd, **kw)
+        raise _Started
+
+    monkeypatch.setattr(launch.subprocess, "Popen", fake_popen)
+    monkeypatch.setenv("COURSE_BACKEND", "gloo")  # honoured when backend=None
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")  # replaced: the ranks share the cores
+    with pytest.raises(_Started):
+        torchrun(f"{SCRIPTS}/two_ranks.py", nproc=3, args=[5, Path("x")], max_restarts=2,
+                 env={"EXTRA": 1}, show=False, cwd=ROOT)
+    cmd = seen["cmd"]
+    run = cmd.index("torch.distributed.run")
+    assert cmd[run - 1] == "-m" and cmd[-3:] == [f"{SCRIPTS}/two_ranks.py", "5", "x"]
+    opts = " ".join(cmd[run + 1:-3])
+    # --standalone: c10d rendezvous on localhost:0, a free port picked by the OS every time
+    assert "--standalone" in opts and "--nproc-per-node 3" in opts and "--max-restarts 2" in opts
+    assert "--redirects 3" in opts and "--log-dir" in opts
+    env = seen["env"]
+    assert env["OMP_NUM_THREADS"] == str(max(1, launch._cores() // 3))
+    assert env["COURSE_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1" and env["EXTRA"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT) and env[launch.JOB_VAR]
+    assert seen["start_new_session"] and seen["cwd"] == str(ROOT)
+    assert seen["stdin"] == subprocess.DEVNULL
+
+
 def test_missing_script_message_is_deterministic_after_sanitizing():
     with pytest.raises(FileNotFoundError) as info:
         torchrun("scripts/nope.py", nproc=2, cwd=ROOT / "notebooks")
