@@ -8,6 +8,12 @@ Runs on the CPU (gloo) and on GPUs (nccl, one process per GPU) unchanged:
 
 Resumes from OUT_DIR/last.pt when it exists, so the same command continues an interrupted
 run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
+With this PyTorch version, give the launcher ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when it may
+restart: otherwise a restarted attempt can read the previous attempt's gloo addresses from the
+shared rendezvous store and fail to connect (PyTorch issue 135712):
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 python -m torch.distributed.run --standalone \
+        --nproc-per-node 2 --max-restarts 1 scripts/train.py --crash-at-epoch 2
 """
 
 from __future__ import annotations
