@@ -13,6 +13,10 @@ which is what ``persistent_workers`` saves from the second epoch on. The grid:
 ``num_workers`` in --workers; for each value above 0, ``persistent_workers``
 off and on, and each ``prefetch_factor`` in --prefetch. The "once" column checks
 that every epoch delivered every image exactly once.
+
+Measure on an otherwise idle machine: when other programs keep the cores busy (the
+script prints the load average before and after), more worker processes simply win a
+larger share of the CPU from them, and the curve keeps rising past the core count.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from course_utils.loading import (  # noqa: E402
     LoaderRun,
     SyntheticImages,
     cpu_cores,
+    cpu_load,
     format_runs,
     measure_throughput,
 )
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         f"data: {args.items} synthetic JPEGs {args.size}x{args.size} -> decode, resize {args.out_size}x{args.out_size}, "
         f"normalise; batch {args.batch_size}; {args.epochs} epochs per row"
     )
-    print(f"the source's rule 'num_workers = 2-4x cores' means {2 * cores}-{4 * cores} here\n", flush=True)
+    print(f"the source's rule 'num_workers = 2-4x cores' means {2 * cores}-{4 * cores} here")
+    print(f"before: {cpu_load() or 'no load average on this system'}\n", flush=True)
 
     runs: list[LoaderRun] = []
     with warnings.catch_warnings():
@@ -96,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(format_runs(runs).splitlines()[-1] if len(runs) > 1 else format_runs(runs), flush=True)
 
+    print(f"after: {cpu_load() or 'no load average on this system'}")
     print("\nsorted by images/s:")
     print(format_runs(sorted(runs, key=lambda r: -r.items_per_s), baseline=runs[0].items_per_s if runs[0].num_workers == 0 else None))
     best = max(runs, key=lambda r: r.items_per_s)
@@ -115,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         for persistent in (False, True):
             pf = args.prefetch[0]
             curve = [r for r in runs if r.num_workers == 0 or (r.persistent_workers == persistent and r.prefetch_factor == pf)]
-            ax = plot_throughput(curve, cores, ax=ax, label=f"persistent_workers={persistent}, prefetch_factor={pf}")
+            ax = plot_throughput(curve, cores, ax=ax, label=f"persistent_workers={persistent}, prefetch_factor={pf}",
+                                 marks=ax is None)
         plt.savefig(args.plot, dpi=100, bbox_inches="tight")
         print(f"curve saved to {args.plot}")
     return 0 if all(r.each_item_once for r in runs) else 1

@@ -67,6 +67,7 @@ __all__ = [
     "batch_view",
     "class_balanced_weights",
     "cpu_cores",
+    "cpu_load",
     "delivery_counts",
     "draw_batch_view",
     "format_runs",
@@ -109,6 +110,22 @@ def worker_kwargs(num_workers: int, timeout: float = 60.0) -> dict[str, Any]:
     if num_workers == 0:
         return {"num_workers": 0}
     return {"num_workers": num_workers, "timeout": timeout, "worker_init_fn": worker_init}
+
+
+def cpu_load() -> str:
+    """The 1-minute load average against the core count, as one line ("" where the OS has no load average).
+
+    A load above the core count means other programs compete for the CPU: then more worker
+    processes win a larger share of it, and a throughput curve says more about the neighbours
+    than about the loader.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return ""
+    cores = cpu_cores()
+    busy = " (busy: other programs compete for the cores, numbers are not an idle machine's)" if load > 0.5 * cores else ""
+    return f"load average {load:.1f} on {cores} cores{busy}"
 
 
 def cpu_cores() -> int:
@@ -536,8 +553,13 @@ def format_runs(runs: Sequence[LoaderRun], baseline: float | None = None) -> str
     return "\n".join(lines)
 
 
-def plot_throughput(runs: Sequence[LoaderRun], cores: int | None = None, ax: Any = None, label: str | None = None) -> Any:
-    """Images per second against ``num_workers``, with the core count and the source's "2-4x cores" band."""
+def plot_throughput(
+    runs: Sequence[LoaderRun], cores: int | None = None, ax: Any = None, label: str | None = None, marks: bool = True
+) -> Any:
+    """Images per second against ``num_workers``, with the core count and the source's "2-4x cores" band.
+
+    Pass an existing `ax` and ``marks=False`` to add a second curve without repeating the marks.
+    """
     import matplotlib.pyplot as plt
 
     cores = cores or cpu_cores()
@@ -546,10 +568,11 @@ def plot_throughput(runs: Sequence[LoaderRun], cores: int | None = None, ax: Any
     xs = [r.num_workers for r in runs]
     ys = [r.items_per_s for r in runs]
     ax.plot(xs, ys, "o-", label=label or "measured")
-    ax.axvline(cores, color="tab:red", ls="--", label=f"CPU cores on this machine ({cores})")
     lo, hi = 2 * cores, 4 * cores
-    ax.axvspan(lo, hi, color="tab:orange", alpha=0.15, label=f"source's rule: 2-4x cores ({lo}-{hi})")
-    ax.set_xlim(-0.5, max(max(xs), hi) + 0.5)
+    if marks:
+        ax.axvline(cores, color="tab:red", ls="--", label=f"CPU cores on this machine ({cores})")
+        ax.axvspan(lo, hi, color="tab:orange", alpha=0.15, label=f"source's rule: 2-4x cores ({lo}-{hi})")
+    ax.set_xlim(-0.5, max(max(xs), hi, ax.get_xlim()[1] - 0.5) + 0.5)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("num_workers")
     ax.set_ylabel("images per second")

@@ -327,3 +327,25 @@ def test_to_tensor_matches_torchvision():
     rgb = Image.fromarray((np.arange(2 * 3 * 3) * 9 % 256).astype(np.uint8).reshape(2, 3, 3), mode="RGB")
     for img in (gray, rgb):
         assert torch.equal(L.to_tensor(img), ToTensor()(img))
+
+
+def test_cpu_load_line(monkeypatch):
+    monkeypatch.setattr(L.os, "getloadavg", lambda: (0.1, 0.0, 0.0), raising=False)
+    monkeypatch.setattr(L, "cpu_cores", lambda: 2)
+    assert L.cpu_load() == "load average 0.1 on 2 cores"
+    monkeypatch.setattr(L.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
+    assert "busy" in L.cpu_load()
+
+
+def test_plot_throughput_second_curve_without_marks():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [L.LoaderRun(w, False, None, 8, items=64, epoch_seconds=[1.0]) for w in (0, 8)]
+    ax = L.plot_throughput(runs, cores=2, label="a")
+    ax = L.plot_throughput(runs, cores=2, ax=ax, label="b", marks=False)
+    labels = ax.get_legend_handles_labels()[1]
+    assert sum("CPU cores" in s for s in labels) == 1 and "b" in labels
+    plt.close("all")
