@@ -28,6 +28,7 @@ import argparse
 import html
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -43,8 +44,9 @@ __all__ = ["LaunchError", "LaunchResult", "LaunchTimeout", "main", "torchrun"]
 
 #: Environment variable that marks every process of one job (to find and stop them all).
 JOB_VAR = "COURSE_LAUNCH_ID"
-#: Seconds between two looks at the launcher and the logs.
-POLL_S = 0.05
+#: Seconds between two looks at the logs (the launcher's exit is seen at once where the
+#: system can say so, Linux pidfd; elsewhere at this interval).
+POLL_S = 0.1
 #: Seconds a process gets between SIGTERM and SIGKILL when a job is stopped.
 GRACE_S = 2.0
 #: How many lines of a failing rank's error output go into the exception message.
@@ -425,6 +427,24 @@ class _Job:
         except BaseException:
             self.close_widget()
             raise
+        self.pidfd = -1
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.pidfd = os.pidfd_open(self.proc.pid)
+            except OSError:  # an old kernel: poll instead
+                self.pidfd = -1
+
+    def wait_exit(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking as soon as the launcher exits."""
+        if self.pidfd >= 0:
+            select.select([self.pidfd], [], [], seconds)
+        else:
+            time.sleep(seconds)
+
+    def close_pidfd(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
     # logs -------------------------------------------------------------------------
     def _find_attempts(self) -> None:
@@ -671,12 +691,14 @@ def torchrun(
                 _stop_job(job.proc, job_id)
                 rc = None
                 break
-            time.sleep(POLL_S)
+            wait = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
+            job.wait_exit(wait)
         elapsed = time.monotonic() - job.t0
         if rc is not None:
             _stop_job(job.proc, job_id)  # leftovers (e.g. a process a rank started)
         finished = True
     finally:
+        job.close_pidfd()
         if not finished:  # KeyboardInterrupt (kernel interrupt) or an error of ours
             _stop_job(job.proc, job_id)
             job.close_widget()
