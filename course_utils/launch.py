@@ -617,14 +617,21 @@ def torchrun(
 ) -> LaunchResult:
     """Run `script` on `nproc` local processes with ``python -m torch.distributed.run``.
 
-    `script` is relative to `cwd` (default: the current directory; a notebook's is
-    ``notebooks/``). `backend` None: ``COURSE_BACKEND`` if set, else
-    ``course_utils.dist.choose_backend`` picks (nccl with a GPU per rank, else gloo); it
-    reaches the ranks as ``COURSE_BACKEND``. `timeout` in
-    seconds (None: no limit). `env`: extra environment variables for the ranks. `show`:
-    live widget then output grouped by rank (Jupyter), or lines streamed with a
-    ``[rank N]`` prefix (terminal). `log_dir`: where the logs go (default: a new temporary
-    folder). Raises ``LaunchError`` when a rank fails, ``LaunchTimeout`` past `timeout`.
+    - `script`: relative to `cwd` (default: the current directory; a notebook's is
+      ``notebooks/``); `args`: the script's command-line arguments.
+    - `backend`: None means ``COURSE_BACKEND`` if set, else ``course_utils.dist.choose_backend``
+      (nccl with a GPU per rank, else gloo); it reaches the ranks as ``COURSE_BACKEND``.
+    - `timeout`: seconds for the whole job (None: no limit). `max_restarts`: elastic restarts.
+    - `env`: extra environment variables for the ranks.
+    - `show`: in Jupyter a live widget, then the output grouped by rank in rank order (the
+      ranks' stderr goes to stderr); in a terminal, lines streamed with a ``[rank N]`` prefix.
+      On a failure the output so far goes to stderr, then the exception.
+    - `log_dir`: where the logs go (default: a new temporary folder); each rank's are
+      ``rank<R>.stdout.log`` and ``rank<R>.stderr.log`` there.
+
+    Raises ``LaunchError`` when a rank fails, ``LaunchTimeout`` past `timeout`, and
+    ``FileNotFoundError`` / ``ValueError`` / ``RuntimeError`` (nccl without a GPU per rank)
+    before starting anything when the arguments cannot work.
     """
     base = Path(cwd) if cwd is not None else Path.cwd()
     script_str = os.fspath(script)
@@ -700,7 +707,12 @@ def torchrun(
     finally:
         job.close_pidfd()
         if not finished:  # KeyboardInterrupt (kernel interrupt) or an error of ours
-            _stop_job(job.proc, job_id)
+            for _ in range(3):  # a second interrupt while stopping must not leave orphans
+                try:
+                    _stop_job(job.proc, job_id)
+                    break
+                except KeyboardInterrupt:
+                    continue
             job.close_widget()
     job.pump(final=True)
     job.flat_logs()
