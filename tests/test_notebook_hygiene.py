@@ -8,7 +8,7 @@ import pytest
 
 from course_utils import ROOT
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
 IDS = [p.name for p in NOTEBOOKS]
 README = (ROOT / "README.md").read_text()
 
