@@ -668,6 +668,10 @@ def torchrun(
     run_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, run_env.get("PYTHONPATH")) if p)
     run_env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
     run_env["PYTHONUNBUFFERED"] = "1"
+    if max_restarts > 0:
+        # Restarted gloo ranks otherwise read the previous attempt's addresses from the shared
+        # rendezvous store and fail to connect or hang (pytorch/pytorch#135712).
+        run_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     run_env.update({k: str(v) for k, v in (env or {}).items()})
     run_env["COURSE_BACKEND"] = backend
     run_env[JOB_VAR] = job_id
