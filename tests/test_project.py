@@ -152,8 +152,10 @@ def test_nbval_fails_when_a_stored_output_is_changed(tmp_path):
     (tmp_path / "changed.ipynb").write_text(json.dumps(nb))
     shutil.copy(source, tmp_path / "unchanged.ipynb")
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir, whatever lies above
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *tasks.nbval_args(),
+        [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--rootdir", str(tmp_path), "-p", "no:cacheprovider",
+         "-p", "no:xdist", *tasks.nbval_args(),
          "changed.ipynb", "unchanged.ipynb"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
@@ -161,3 +163,4 @@ def test_nbval_fails_when_a_stored_output_is_changed(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert re.search(r"\b1 failed\b", summary), summary
     assert re.search(r"FAILED changed.ipynb::Cell \d+", proc.stdout), proc.stdout[-2000:]
+    assert "Cell outputs differ" in proc.stdout and "unchanged.ipynb" not in summary
