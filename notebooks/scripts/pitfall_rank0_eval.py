@@ -11,8 +11,11 @@ part. If only rank 0 calls the wrapper, rank 0 waits for the others forever.
                          wrapper, the counts are summed with all_reduce
     ... --eval module    rank 0 evaluates the plain model, ``model.module`` (no collective)
                          while the other ranks wait at a barrier
+    ... --eval both      the two correct ways, one after the other, in one run
 
-All ranks train the same few steps first, so the last two modes report the same accuracy.
+All ranks train the same few steps first, so the two correct ways report the same accuracy.
+The process group's timeout is 10 minutes here (PyTorch's default is 30): as in a real job, a
+hang is not reported quickly; the launcher's own timeout is what stops it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDatas
 from course_utils.data import digits_tensors
 from course_utils.dist import cleanup, rprint, setup
 
-MODES = ("rank0-wrapper", "shard", "module")
+MODES = ("rank0-wrapper", "shard", "module", "both")
 
 
 def make_model() -> nn.Module:
@@ -56,7 +59,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps before the evaluation")
     args = parser.parse_args()
 
-    ctx = setup()
+    ctx = setup(timeout_s=600.0)
     torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts them)
     model = DDP(make_model().to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -87,7 +90,7 @@ def main() -> None:
         else:
             rprint("waiting at the barrier for rank 0")
         dist.barrier()
-    elif args.eval == "shard":
+    if args.eval in ("shard", "both"):
         # Every rank evaluates its own slice (no padding, unlike DistributedSampler) ...
         mine = Subset(test, range(ctx.rank, len(test), ctx.world_size))
         correct, seen = count_correct(model, DataLoader(mine, batch_size=128), ctx.device)
@@ -97,7 +100,7 @@ def main() -> None:
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
         correct, seen = (int(v) for v in counts.tolist())
         rprint(f"all-reduced accuracy {correct}/{seen} = {correct / seen:.4f}")
-    else:
+    if args.eval in ("module", "both"):
         # model.module is the plain nn.Module inside the wrapper: its forward runs no collective.
         if ctx.rank == 0:
             correct, seen = count_correct(model.module, DataLoader(test, batch_size=128), ctx.device)
