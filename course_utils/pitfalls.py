@@ -34,6 +34,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
+from .pipeline import MLP  # the source chapter's MLP (4.2), every layer declared in __init__
+
 __all__ = [
     "SWITCHES",
     "AugmentDataset",
@@ -325,19 +327,6 @@ def graph_size(t: Any) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 # Pitfall 1: an nn.Module created inside forward() never trains
 # ---------------------------------------------------------------------------------------------
-
-
-class MLP(nn.Module):
-    """The source chapter's MLP (4.2): every layer declared in ``__init__``."""
-
-    def __init__(self, in_dim: int = 784, hidden_dim: int = 256, out_dim: int = 10) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(in_dim, hidden_dim)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(hidden_dim, out_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(x)))
 
 
 class LayerInForwardMLP(nn.Module):
