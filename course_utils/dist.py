@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -89,9 +92,57 @@ def setup(backend: str | None = None, timeout_s: float = 60.0) -> DistContext:
 
 
 def cleanup() -> None:
-    """Leave the process group (safe to call twice)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group, in step with the other ranks (safe to call twice).
+
+    Why more than ``dist.destroy_process_group()``: every ``backward()`` stores a Python object
+    (a ``contextvars.Context``) in thread-local state, and each collective that DDP launches during
+    backward keeps a copy of that state. gloo's worker threads drop their reference to a finished
+    collective a moment after it completes, and dropping that Python object needs the GIL. If the
+    main thread has already begun to shut the interpreter down, CPython ends such a thread with
+    ``pthread_exit`` inside a C++ destructor, and the process aborts with ``terminate called
+    without an active exception`` (SIGABRT) after all its work was done. So, on a normal exit:
+
+    1. a barrier: every rank has finished every collective (no rank leaves while a peer is
+       still talking to it), and the main thread waits without the GIL, so the backend's
+       threads can release what they hold;
+    2. ``destroy_process_group()``;
+    3. a short wait, without the GIL, until no other thread of this process is runnable any
+       more (bounded), so the last references are dropped while the interpreter is whole.
+
+    When an exception is on its way out (``cleanup()`` in a ``finally:``), the other ranks may
+    never reach the barrier: then only step 2 runs, and the launcher stops the job.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if sys.exc_info()[0] is None:
+        dist.barrier()
+    dist.destroy_process_group()
+    _let_native_threads_settle()
+
+
+def _let_native_threads_settle(timeout_s: float = 1.0, quiet_looks: int = 3) -> None:
+    """Sleep (the GIL released) until no other thread of this process is runnable, for
+    `quiet_looks` looks in a row, or `timeout_s` has passed. Linux reads /proc; elsewhere a
+    short fixed pause."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        time.sleep(0.05)
+        return
+    me = str(threading.get_native_id())
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < quiet_looks and time.monotonic() < deadline:
+        time.sleep(0.005)
+        busy = False
+        for task in tasks.iterdir():
+            if task.name == me:
+                continue
+            try:
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue  # the thread ended between the listing and the read
+            busy = busy or state == "R"
+        quiet = 0 if busy else quiet + 1
 
 
 def rprint(*args: object) -> None:

@@ -9,7 +9,7 @@ on a script file and watches it::
     result.returncode, result.elapsed, result.logs[0], result.logs[1]
 
 - A free rendezvous port every time (the OS picks it), so two jobs never collide.
-- ``OMP_NUM_THREADS`` = cores // nproc, ``COURSE_BACKEND`` (read by ``course_utils.dist``)
+- ``OMP_NUM_THREADS=1`` (torchrun's default; the same numbers on any machine), ``COURSE_BACKEND`` (read by ``course_utils.dist``)
   and ``PYTHONUNBUFFERED=1`` are set for the ranks.
 - Each rank writes to its own log files, so lines are never glued together. In Jupyter a
   live widget shows progress (it leaves nothing that nbval compares) and, at the end, the
@@ -49,6 +49,8 @@ JOB_VAR = "COURSE_LAUNCH_ID"
 POLL_S = 0.1
 #: Seconds a process gets between SIGTERM and SIGKILL when a job is stopped.
 GRACE_S = 2.0
+#: Threads per rank (OMP_NUM_THREADS): fixed, so results do not depend on the core count.
+RANK_THREADS = 1
 #: How many lines of a failing rank's error output go into the exception message.
 TAIL_LINES = 12
 
@@ -138,13 +140,6 @@ class LaunchResult:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _in_notebook() -> bool:
@@ -666,7 +661,9 @@ def torchrun(
     run_env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     run_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, run_env.get("PYTHONPATH")) if p)
-    run_env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
+    # One thread per rank, whatever this machine's core count, as torchrun's own default: the
+    # numbers a lesson prints (losses, sums) then do not depend on the machine.
+    run_env["OMP_NUM_THREADS"] = str(RANK_THREADS)
     run_env["PYTHONUNBUFFERED"] = "1"
     if max_restarts > 0:
         # Restarted gloo ranks otherwise read the previous attempt's addresses from the shared

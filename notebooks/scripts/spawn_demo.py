@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course_utils.dist import check_backend, choose_backend
+from course_utils.dist import check_backend, choose_backend, cleanup
 from course_utils.dist_viz import free_port, spawn_bounded
 
 
@@ -43,7 +43,7 @@ def worker(index: int, world_size: int, out_dir: str) -> None:
     Path(out_dir, f"spawn_{index}.json").write_text(json.dumps(
         {"index": index, "rank": dist.get_rank(), "world_size": dist.get_world_size(),
          "backend": backend, "sum": int(t.item())}))
-    dist.destroy_process_group()
+    cleanup()
 
 
 def report(index: int, out_dir: str) -> None:
@@ -61,9 +61,8 @@ def main() -> None:
             rank = os.environ["RANK"]
             print(f"I am torchrun's worker RANK={rank} (WORLD_SIZE={os.environ['WORLD_SIZE']}); "
                   f"now starting {nprocs} processes as mp.spawn(nprocs={nprocs}) would", flush=True)
-            # mp.spawn(report, nprocs=2) would start the same 2 processes per worker; the fork start
-            # method (Linux, macOS) only makes them start faster for this demonstration.
-            started = spawn_bounded(report, args=(out,), nprocs=nprocs, timeout=120, start_method="fork")
+            # What mp.spawn(report, nprocs=2) does, with a time limit: 2 fresh processes per worker.
+            started = spawn_bounded(report, args=(out,), nprocs=nprocs, timeout=120)
             kids = [json.loads(Path(out, f"child_{i}.json").read_text()) for i in range(started)]
             same_port = all(k["inherited_port"] == os.environ["MASTER_PORT"] for k in kids)
             print(f"it started {started} more processes: "
