@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .procs import child_stderr, error_lines
+
 __all__ = [
     "COLLECTIVES",
     "EXPLORER_DEFAULTS",
@@ -39,6 +41,7 @@ __all__ = [
     "sampler_explorer",
     "sampler_indices",
     "sampler_view",
+    "SpawnFailed",
     "spawn_bounded",
 ]
 
@@ -361,33 +364,53 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class SpawnFailed(RuntimeError):
+    """Child processes of :func:`spawn_bounded` failed (``exit_code``, ``children_stderr``) or
+    outlived their time limit (``exit_code`` None)."""
+
+    def __init__(self, msg: str, exit_code: int | None = None, children_stderr: str = "") -> None:
+        super().__init__(msg)
+        self.exit_code = exit_code
+        self.children_stderr = children_stderr
+
+
 def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0,
                   start_method: str = "spawn") -> int:
-    """``torch.multiprocessing.spawn(fn, args, nprocs)`` that cannot hang: the children are
-    joined until `timeout` seconds, then every one still alive is stopped and ``TimeoutError``
-    raised. A failing child raises what ``mp.spawn`` raises (``ProcessExitedException`` or
-    ``ProcessRaisedException``). Returns the number of processes started.
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` that cannot hang a notebook, and whose
+    outcome does not depend on which child was faster. Returns the number of processes started.
+
+    Every child is waited for (not only the first to fail) until `timeout` seconds; those still
+    running then are stopped and :class:`SpawnFailed` is raised. A failing child raises
+    :class:`SpawnFailed` naming the children's own error line; their full stderr (captured, not
+    interleaved in the notebook) is in its ``children_stderr``.
 
     `start_method` "spawn" is ``mp.spawn`` itself (fresh interpreters); "fork" copies the
     parent instead (Linux and macOS only: faster, but unsafe after the parent ran torch work)."""
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
-    deadline = time.monotonic() + timeout
-    try:
-        while not context.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"the {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
-                    "A process waiting forever (in init_process_group, a collective, ...) usually means "
-                    "that another one never joined."
-                )
-    finally:
+    with child_stderr() as err:
+        context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
+        deadline = time.monotonic() + timeout
         for p in context.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+            p.join(max(0.0, deadline - time.monotonic()))
+        late = [p for p in context.processes if p.is_alive()]
+        for p in late:
+            p.terminate()
+            p.join(5)
             if p.is_alive():
                 p.kill()
                 p.join(5)
+    if late:
+        raise SpawnFailed(
+            f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
+            "A process waiting forever (in init_process_group, a collective, ...) usually means "
+            "that another one never joined.", None, err.text)
+    codes = [p.exitcode for p in context.processes if p.exitcode != 0]
+    if codes:
+        causes = error_lines(err.text)
+        code = max(set(codes), key=codes.count)
+        raise SpawnFailed(
+            f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
+            f"{getattr(fn, '__name__', fn)!s}. The children's error: {causes[-1] if causes else '(no error message)'}",
+            code, err.text)
     return len(context.processes)

@@ -19,9 +19,7 @@ import functools
 import html
 import os
 import random
-import re
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
+from .dist_viz import SpawnFailed, spawn_bounded  # noqa: F401 (part of this chapter's API)
 from .pipeline import MLP  # the source chapter's MLP (4.2), every layer declared in __init__
 
 __all__ = [
@@ -175,7 +174,7 @@ class PitfallLedger:
     ``check(...)`` raises ``AssertionError`` when the bug did not show or the fix did not
     work, so a notebook that calls it fails loudly if PyTorch ever changes the behaviour.
     ``expect_error(...)`` wraps a cell that is *meant* to fail: it records the error and lets
-    it through, so the learner sees it (the cell is marked ``NBVAL_RAISES_EXCEPTION``).
+    it through, so the learner sees it (the cell carries the ``raises-exception`` tag).
     """
 
     def __init__(self) -> None:
@@ -761,58 +760,6 @@ def touch_worker(rank: int, world_size: int, folder: str) -> None:
     Path(folder, f"rank{rank}-of-{world_size}").touch()
 
 
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b")
-
-
-class SpawnFailed(RuntimeError):
-    """``mp.spawn``'s child processes died before doing their work."""
-
-
-def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> int:
-    """``torch.multiprocessing.spawn`` with a time limit; returns how many processes ran to the end.
-
-    Waits for every child (not only the first to fail), so the outcome does not depend on which
-    child was faster. A failure raises :class:`SpawnFailed` quoting the children's own error
-    line; their full tracebacks are written to stderr.
-    """
-    import sys
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryFile() as err_file:
-        saved = os.dup(2)
-        try:
-            os.dup2(err_file.fileno(), 2)  # the children inherit this stderr
-            ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        deadline = time.monotonic() + timeout
-        for p in ctx.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-        late = [p for p in ctx.processes if p.is_alive()]
-        for p in late:
-            p.terminate()
-            p.join(5)
-        err_file.seek(0)
-        err_text = err_file.read().decode("utf-8", "replace")
-    if err_text:
-        sys.stderr.write(err_text)
-        sys.stderr.flush()
-    if late:
-        raise SpawnFailed(f"mp.spawn: {len(late)} of {nprocs} processes did not finish within {timeout:g} s "
-                          "and were stopped.")
-    failed = [p.exitcode for p in ctx.processes if p.exitcode != 0]
-    if failed:
-        causes = [ln.strip() for ln in err_text.splitlines() if _ERROR_LINE.match(ln.strip())]
-        cause = causes[-1] if causes else "(no error message)"
-        raise SpawnFailed(
-            f"{len(failed)} of {nprocs} child processes exited with code {max(set(failed), key=failed.count)} "
-            f"before finishing {getattr(fn, '__name__', fn)!s}. The children's error: {cause}"
-        )
-    return nprocs
-
-
 def checked_spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> int:
     """The fix for erratum 10: refuse to "start" zero processes instead of silently returning."""
     if nprocs < 1:
@@ -879,15 +826,22 @@ def loss_sum_keeps_graph(use_item: bool, steps: int = 20, train: bool = False, b
     return LossSumReport(value, nodes, nbytes)
 
 
+def leave_marker(path: str) -> None:
+    """What the untrusted checkpoint's payload calls: create an empty file (harmless)."""
+    Path(path).touch()
+
+
 class _Payload:
-    """A harmless stand-in for malicious code: unpickling it calls ``open(marker, "w")``,
-    which creates an empty file. A real attacker would call anything at all."""
+    """A harmless stand-in for malicious code: unpickling it calls :func:`leave_marker`, which
+    creates an empty file. A real attacker would call anything at all (``os.system``...). A
+    function of the course, rather than a builtin, keeps the name in ``weights_only``'s refusal
+    the same on every Python version."""
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
 
     def __reduce__(self) -> tuple:
-        return (open, (self.marker, "w"))
+        return (leave_marker, (self.marker,))
 
 
 def make_untrusted_checkpoint(folder: str | os.PathLike) -> tuple[Path, Path]:

@@ -183,15 +183,18 @@ def test_spawn_bounded_runs_and_joins(tmp_path):
 
 @pytest.mark.slow
 def test_spawn_bounded_reports_a_failing_child():
-    import torch.multiprocessing as mp
+    from course_utils.dist_viz import SpawnFailed
 
-    with pytest.raises(mp.ProcessExitedException):
+    with pytest.raises(SpawnFailed, match="2 of 2 child processes exited with code 3") as info:
         spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
+    assert info.value.exit_code == 3
 
 
 @pytest.mark.slow
 def test_spawn_bounded_stops_children_at_the_deadline():
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match="did not finish"):
+    from course_utils.dist_viz import SpawnFailed
+
+    with pytest.raises(SpawnFailed, match="did not finish"):
         spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")
     assert time.monotonic() - t0 < 30
