@@ -1,7 +1,107 @@
-"""pytest set-up shared by the unit tests and nbval."""
+"""pytest set-up shared by the unit tests and nbval.
+
+1. nbval's kernels talk over Unix sockets (IPC), not TCP ports. With two notebooks running in
+   parallel, one of which starts distributed jobs (a launcher, ranks, a rendezvous store, each
+   binding ports), a kernel that picked its five TCP ports a moment earlier could lose one of
+   them before binding it, and die before replying to ``kernel_info``. Socket files in a private
+   folder cannot collide. nbval builds its kernel manager itself, without Jupyter's config files,
+   so this is done where it starts kernels. The kernel's own stderr, which nbval throws away,
+   goes to a file that is quoted if the kernel fails to start.
+2. stderr is compared like stdout (through ``nbval_sanitize.cfg``), in strict mode; lax mode (the
+   GPU lane, where another PyTorch may warn differently) compares stdout only. In a cell whose output is
+   not compared (``NBVAL_IGNORE_OUTPUT``), a warning that the stored output does not show fails
+   the cell all the same: a PyTorch upgrade that starts warning is something to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+import pytest
+
+_KERNEL_FOLDERS: list[str] = []
+_WARNING = re.compile(r"^(?:.*?: )?(\w*Warning): (.*)$", re.MULTILINE)
+
+
+def _start_new_kernel_over_ipc(startup_timeout=60, kernel_name="python", **kwargs):
+    """nbval.kernel.start_new_kernel, with the IPC transport and the kernel's stderr kept."""
+    from jupyter_client.manager import KernelManager
+    from nbval.kernel import NbvalKernelspecManager
+
+    folder = tempfile.mkdtemp(prefix="nbk-")  # short: a Unix socket path has ~100 characters at most
+    km = KernelManager(
+        kernel_name=kernel_name,
+        kernel_spec_manager=NbvalKernelspecManager(),
+        transport="ipc",
+        connection_file=os.path.join(folder, "kernel.json"),
+    )
+    _KERNEL_FOLDERS.append(folder)
+    log_path = os.path.join(folder, "stderr.log")
+    kwargs["stderr"] = open(log_path, "w")  # noqa: SIM115 (the kernel process owns it)
+    km.start_kernel(**kwargs)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=startup_timeout)
+    except RuntimeError as exc:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        with open(log_path, errors="replace") as fh:
+            tail = fh.read()[-3000:]
+        shutil.rmtree(folder, ignore_errors=True)
+        raise RuntimeError(f"the kernel did not start ({exc}); its stderr:\n{tail}") from exc
+    return km, kc
+
+
+def pytest_configure(config):
+    if os.name == "nt":  # no Unix sockets for ZeroMQ there: keep nbval's TCP kernels
+        return
+    try:
+        import nbval.kernel
+    except ImportError:
+        return
+    nbval.kernel.start_new_kernel = _start_new_kernel_over_ipc
 
 
 def pytest_collectstart(collector):
-    """nbval: do not compare stderr (warnings differ between machines and library versions)."""
+    """Lax mode (the GPU lane, another PyTorch): only stdout of the tagged cells is compared."""
     if getattr(collector, "fspath", None) is not None and collector.fspath.ext == ".ipynb":
-        collector.skip_compare += ("stderr",)
+        if collector.config.option.nbval_lax:
+            collector.skip_compare += ("stderr",)
+
+
+def _warnings(outputs) -> set[tuple[str, str]]:
+    found = set()
+    for out in outputs or []:
+        if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            found.update(_WARNING.findall(out.get("text", "")))
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A new warning on stderr fails a cell even where its output is not compared."""
+    result = yield  # re-raises if the cell itself failed
+    if not hasattr(item, "test_outputs") or item.options.get("check", True) or item.config.option.nbval_lax:
+        return result  # not a notebook cell, a compared one (nbval compares stderr), or lax mode
+    sanitize = item.sanitize
+    new = {(cat, sanitize(msg)) for cat, msg in _warnings(item.test_outputs)}
+    stored = {(cat, sanitize(msg)) for cat, msg in _warnings(item.cell.get("outputs"))}
+    unexpected = sorted(new - stored)
+    if unexpected:
+        lines = "\n".join(f"  {cat}: {msg}" for cat, msg in unexpected)
+        item.raise_cell_error(
+            "New warning(s) on stderr in a cell whose output is not compared",
+            lines + "\nFix the cause, or, if the warning is the lesson, store it with the cell's output.",
+        )
+    return result
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_kernel_folders():
+    yield
+    for folder in _KERNEL_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)

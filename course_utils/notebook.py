@@ -2,6 +2,7 @@
 
     python -m course_utils.notebook execute notebooks/01_autograd.ipynb ...
     python -m course_utils.notebook bench [--runs 3] [notebooks ...]
+    python -m course_utils.notebook stress [--runs 3] [notebooks ...]
 
 `execute` writes the notebook back with clean metadata: kernel ``python3``, no
 widget state, execution counts 1..N, and every machine path in the outputs made
@@ -64,25 +65,32 @@ def _clean_output(out: dict) -> None:
             data[mime] = [relativise(t) for t in val] if isinstance(val, list) else relativise(val)
 
 
-def _prepare(nb) -> None:
-    """Tag cells so nbclient treats them as nbval will (expected errors are allowed)."""
+MARKER = "# NBVAL_RAISES_EXCEPTION"
+TAG = "raises-exception"
+
+
+def mark_expected_failures(nb) -> int:
+    """Turn nbval's comment marker into the ``raises-exception`` cell tag, which JupyterLab's
+    Run All honours too (it stops at the first error of a cell without the tag); returns how
+    many cells changed."""
+    changed = 0
     for cell in nb.cells:
-        if cell.cell_type != "code":
+        if cell.cell_type != "code" or MARKER not in cell.source:
             continue
+        cell.source = "\n".join(ln for ln in cell.source.split("\n") if ln.strip() != MARKER)
         tags = cell.metadata.setdefault("tags", [])
-        if "NBVAL_RAISES_EXCEPTION" in cell.source and "raises-exception" not in tags:
-            tags.append("raises-exception")
-        if not tags:
-            del cell.metadata["tags"]
+        if TAG not in tags:
+            tags.append(TAG)
+        changed += 1
+    return changed
+
+
+def _prepare(nb) -> None:
+    """nbclient lets a cell fail only when it carries the tag, as JupyterLab and nbval do."""
+    mark_expected_failures(nb)
 
 
 def _finish(nb) -> None:
-    for cell in nb.cells:  # the comment marker is enough for nbval; a tag as well makes it warn
-        tags = cell.metadata.get("tags", [])
-        if "raises-exception" in tags and "NBVAL_RAISES_EXCEPTION" in cell.source:
-            tags.remove("raises-exception")
-            if not tags:
-                del cell.metadata["tags"]
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = dict(KERNEL)
     lang = nb.metadata.setdefault("language_info", {})
@@ -95,6 +103,16 @@ def _finish(nb) -> None:
             _clean_output(out)
 
 
+def _kernel_manager(folder: str):
+    """A kernel manager whose kernel talks over Unix sockets in `folder` (IPC): no TCP port that a
+    distributed job started by the notebook could take first. TCP on Windows."""
+    from jupyter_client.manager import KernelManager
+
+    if os.name == "nt":
+        return KernelManager(kernel_name="python3")
+    return KernelManager(kernel_name="python3", transport="ipc", connection_file=os.path.join(folder, "kernel.json"))
+
+
 def execute(path: Path | str, timeout: int = 600, write: bool = True) -> float:
     """Run one notebook top to bottom in a fresh kernel; returns the seconds it took."""
     import nbformat
@@ -103,17 +121,20 @@ def execute(path: Path | str, timeout: int = 600, write: bool = True) -> float:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     _prepare(nb)
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        store_widget_state=True,  # False breaks nbclient on Output widgets; _finish() drops the state
-        record_timing=False,
-    )
-    t0 = time.perf_counter()
-    client.execute()
-    elapsed = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="nbk-") as folder:
+        client = NotebookClient(
+            nb,
+            km=_kernel_manager(folder),
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+            store_widget_state=True,  # False breaks nbclient on Output widgets; _finish() drops the state
+            record_timing=False,
+        )
+        client.owns_km = True  # shut the kernel down at the end, as nbclient does with a manager of its own
+        t0 = time.perf_counter()
+        client.execute()
+        elapsed = time.perf_counter() - t0
     _finish(nb)
     if write:
         nbformat.write(nb, path)
@@ -126,14 +147,43 @@ def bench(paths: list[Path], runs: int = 3) -> list[tuple[str, float, float, flo
     for p in paths:
         times = []
         for _ in range(runs):
-            with tempfile.NamedTemporaryFile(suffix=".ipynb", dir=p.parent, prefix=".bench-", delete=False) as tmp:
-                pass
-            try:
-                shutil.copy(p, tmp.name)
-                times.append(execute(Path(tmp.name), write=False))
-            finally:
-                os.unlink(tmp.name)
+            times.append(_run_copy(p))
         rows.append((p.name, statistics.median(times), min(times), max(times)))
+    return rows
+
+
+def _run_copy(p: Path) -> float:
+    """Execute a hidden copy of notebook `p` in its own folder (relative paths work); seconds."""
+    with tempfile.NamedTemporaryFile(suffix=".ipynb", dir=p.parent, prefix=".bench-", delete=False) as tmp:
+        pass
+    try:
+        shutil.copy(p, tmp.name)
+        return execute(Path(tmp.name), write=False)
+    finally:
+        os.unlink(tmp.name)
+
+
+def stress(paths: list[Path], runs: int = 3, log_dir: Path | None = None) -> list[tuple[str, int, int, float]]:
+    """Execute each notebook `runs` times, counting failures instead of stopping at the first;
+    (name, runs, failures, median seconds of all runs). A failure's error goes to `log_dir`."""
+    log_dir = log_dir or ROOT / ".stress"
+    log_dir.mkdir(exist_ok=True)
+    rows = []
+    for p in paths:
+        times, failures = [], 0
+        for k in range(runs):
+            t0 = time.perf_counter()
+            try:
+                _run_copy(p)
+                status = "ok  "
+            except Exception as exc:  # a cell error, a timeout, a dead kernel: all count
+                failures += 1
+                log = log_dir / f"{p.stem}.run{k + 1}.log"
+                log.write_text(relativise(f"{type(exc).__name__}: {exc}"))
+                status = f"FAIL (log: {log.relative_to(ROOT)})"
+            times.append(time.perf_counter() - t0)
+            print(f"  {p.name:26s} run {k + 1:2d}/{runs}  {times[-1]:5.1f} s  {status}", flush=True)
+        rows.append((p.name, runs, failures, statistics.median(times)))
     return rows
 
 
@@ -145,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="time each notebook (median of a few runs)")
     b.add_argument("--runs", type=int, default=3)
     b.add_argument("notebooks", nargs="*")
+    st = sub.add_parser("stress", help="execute each notebook several times; count failures")
+    st.add_argument("--runs", type=int, default=3)
+    st.add_argument("notebooks", nargs="*")
     args = parser.parse_args(argv)
     paths = [Path(p).resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     missing = [str(p) for p in paths if not p.exists()]
@@ -159,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         print("--runs must be at least 1", file=sys.stderr)
         return 2
+    if args.cmd == "stress":
+        srows = stress(paths, args.runs)
+        width = max(len(r[0]) for r in srows)
+        print(f"\n{'notebook':{width}s}  {'runs':>4s}  {'failures':>8s}  {'median s':>8s}")
+        for name, n, nfail, med in srows:
+            print(f"{name:{width}s}  {n:4d}  {nfail:8d}  {med:8.1f}")
+        return 1 if any(r[2] for r in srows) else 0
     print(f"Executing each notebook {args.runs} time(s) in a fresh kernel on {os.cpu_count()} CPU cores ...", flush=True)
     rows = bench(paths, args.runs)
     width = max(len(r[0]) for r in rows)
