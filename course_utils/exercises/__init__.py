@@ -18,23 +18,14 @@ from .core import (
     Exercise,
     Incorrect,
     NotAttempted,
-    expect_close,
-    expect_equal,
-    expect_tensor,
-    expect_type,
+    as_ints,
+    as_number,
+    as_tensor,
+    untouched,
 )
 
-__all__ = [
-    "CheckResult",
-    "Exercise",
-    "Incorrect",
-    "NotAttempted",
-    "all_exercises",
-    "expect_close",
-    "expect_equal",
-    "expect_tensor",
-    "expect_type",
-]
+__all__ = ["CheckResult", "Exercise", "Incorrect", "NotAttempted", "all_exercises", "as_ints", "as_number",
+           "as_tensor", "untouched"]
 
 
 def all_exercises() -> dict[str, list[Exercise]]:

@@ -1,0 +1,1187 @@
+"""A simulated class of learners: for every exercise, other correct forms, plausible mistakes that
+are not in its declared list, and hostile inputs. A check must call every correct form Correct,
+every mistake Incorrect (with a reason), answer the hostile inputs within a few seconds without
+calling them Correct, and leave the learner's session (random states, grad mode, default dtype,
+thread count, the learner's objects) as it was. Run as a script to print every verdict."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    Subset,
+    get_worker_info,
+)
+
+from course_utils.data import load_image
+
+LIMIT_S = 3.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
+HANG_S = float(os.environ.get("SIM_HANG_S", "8"))  # a check that takes longer is reported as a hang
+
+
+# ------------------------------------------------------------------------------ hostile answers
+
+
+class BadEq:
+    """An object that fails whenever it is compared, hashed, tested or printed."""
+
+    def __eq__(self, other):
+        raise RuntimeError("__eq__ exploded")
+
+    __ne__ = __lt__ = __gt__ = __eq__
+
+    def __bool__(self):
+        raise RuntimeError("__bool__ exploded")
+
+    def __len__(self):
+        raise RuntimeError("__len__ exploded")
+
+    def __hash__(self):
+        raise RuntimeError("__hash__ exploded")
+
+    def __float__(self):
+        raise RuntimeError("__float__ exploded")
+
+    def __index__(self):
+        raise RuntimeError("__index__ exploded")
+
+
+def _sleeper(*args, **kwargs):
+    time.sleep(60)
+
+
+def _spinner(*args, **kwargs):
+    while True:
+        pass
+
+
+class _SlowModule(nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        time.sleep(60)
+
+
+class _SlowFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        time.sleep(60)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _EndlessDataset(IterableDataset):
+    def __init__(self, n=0):
+        self.n = n
+
+    def __iter__(self):
+        return itertools.count()
+
+
+HOSTILE = {
+    "itertools.count()": lambda: itertools.count(),
+    "an endless generator": lambda: (i for i in itertools.count()),
+    "a sleeping function": lambda: _sleeper,
+    "a spinning function": lambda: _spinner,
+    "a function returning an endless iterator": lambda: lambda *a, **k: itertools.count(),
+    "a huge tensor": lambda: torch.zeros(1).expand(10**9),
+    "a function returning a huge tensor": lambda: lambda *a, **k: torch.zeros(1).expand(10**9),
+    "an object whose __eq__ and __bool__ raise": lambda: BadEq(),
+    "a function returning such an object": lambda: lambda *a, **k: BadEq(),
+    "a class whose constructor sleeps": lambda: _SlowModule,
+    "an autograd.Function that sleeps": lambda: _SlowFunction,
+    "an IterableDataset that never ends": lambda: _EndlessDataset,
+    "a string": lambda: "16",
+}
+
+# ------------------------------------------------------------------------------ ch00
+
+
+_SQ = [i * i for i in range(1, 11)]
+CH00_Q1 = {
+    "right": {
+        "a tensor from a list": lambda: torch.tensor(_SQ),
+        "arange then pow, as int32": lambda: torch.arange(1, 11).pow(2).int(),
+        "a slice of a longer tensor": lambda: (torch.arange(12) ** 2)[1:11],
+        "a product of two aranges": lambda: torch.arange(1, 11) * torch.arange(1, 11),
+        "a non-contiguous column": lambda: torch.stack([torch.arange(1, 11) ** 2] * 2, 1)[:, 0],
+        "int16": lambda: torch.arange(1, 11, dtype=torch.int16) ** 2,
+    },
+    "wrong": {
+        "1 to 9 only": lambda: torch.arange(1, 10) ** 2,
+        "doubles instead of squares": lambda: torch.arange(1, 11) * 2,
+        "cubes": lambda: torch.arange(1, 11) ** 3,
+        "not squared": lambda: torch.arange(1, 11),
+        "reversed": lambda: (torch.arange(1, 11) ** 2).flip(0),
+        "a column (10, 1)": lambda: (torch.arange(1, 11) ** 2).reshape(10, 1),
+        "a numpy array": lambda: np.arange(1, 11) ** 2,
+    },
+}
+
+# ------------------------------------------------------------------------------ ch01
+
+CH01_Q1 = {
+    "right": {
+        "int": lambda: 16,
+        "float": lambda: 16.0,
+        "0-d tensor": lambda: torch.tensor(16.0),
+        "numpy float32": lambda: np.float32(16),
+        "numpy int64": lambda: np.int64(16),
+        "one-element tensor": lambda: torch.tensor([16.0]),
+        "int tensor": lambda: torch.tensor(16),
+    },
+    "wrong": {
+        "15": lambda: 15,
+        "three times dy/dx": lambda: 18.0,
+        "8": lambda: 8,
+        "32": lambda: 32.0,
+        "16.5": lambda: 16.5,
+        "True": lambda: True,
+        "a list": lambda: [16],
+    },
+}
+
+
+def _sigmoid_cls(backward, forward=None):
+    class MySigmoid(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            result = forward(x) if forward else 1 / (1 + torch.exp(-x))
+            ctx.save_for_backward(result)
+            return result
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (result,) = ctx.saved_tensors
+            return backward(result, grad_output)
+
+    return MySigmoid
+
+
+CH01_Q2 = {
+    "right": {
+        "r - r**2": lambda: _sigmoid_cls(lambda r, g: g * (r - r**2)),
+        "a one-element tuple": lambda: _sigmoid_cls(lambda r, g: (g * r * (1 - r),)),
+        "mul chain": lambda: _sigmoid_cls(lambda r, g: r.mul(1 - r).mul(g)),
+        "computed in float32": lambda: _sigmoid_cls(lambda r, g: (g.float() * r.float() * (1 - r.float()))),
+        "forward with torch.sigmoid": lambda: _sigmoid_cls(lambda r, g: g * r * (1 - r), torch.sigmoid),
+        "via exp": lambda: _sigmoid_cls(lambda r, g: g * torch.exp(torch.log(r) + torch.log1p(-r))),
+    },
+    "wrong": {
+        "forgot (1 - result)": lambda: _sigmoid_cls(lambda r, g: g * r),
+        "forgot result": lambda: _sigmoid_cls(lambda r, g: g * (1 - r)),
+        "returns grad_output": lambda: _sigmoid_cls(lambda r, g: g),
+        "r * (1 + r)": lambda: _sigmoid_cls(lambda r, g: g * r * (1 + r)),
+        "summed to a scalar": lambda: _sigmoid_cls(lambda r, g: (g * r * (1 - r)).sum()),
+        "hard-coded for the old check's input": lambda: _sigmoid_cls(
+            lambda r, g: torch.tensor([0.104994, -0.470007, 0.125, 0.589835, 0.045177], dtype=g.dtype)
+        ),
+    },
+}
+
+
+def _hv(f, x, v):
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return g, torch.autograd.grad((g * v).sum(), x)[0]
+
+
+def _hvp_backward(f, x, v):
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    (g * v).sum().backward()
+    return x.grad
+
+
+CH01_Q3 = {
+    "right": {
+        "grad_outputs=v": lambda: lambda f, x, v: torch.autograd.grad(
+            torch.autograd.grad(f(x), x, create_graph=True)[0], x, grad_outputs=v
+        )[0],
+        "a dot product": lambda: lambda f, x, v: torch.autograd.grad(
+            torch.dot(torch.autograd.grad(f(x), x, create_graph=True)[0], v), x
+        )[0],
+        "torch.autograd.functional.hvp": lambda: lambda f, x, v: torch.autograd.functional.hvp(f, x, v)[1],
+        "backward into x.grad": lambda: _hvp_backward,
+        "g @ v": lambda: lambda f, x, v: torch.autograd.grad(
+            torch.autograd.grad(f(x), x, create_graph=True)[0] @ v, x
+        )[0],
+    },
+    "wrong": {
+        "hard-coded for the old check's input": lambda: lambda f, x, v: torch.tensor(
+            [4.0, 12.25, -6.0], dtype=torch.float64
+        ),
+        "returns (g * v).sum()": lambda: lambda f, x, v: (_hv(f, x, v)[0] * v).sum().detach(),
+        "hv * v": lambda: lambda f, x, v: _hv(f, x, v)[1] * v,
+        "half of it": lambda: lambda f, x, v: _hv(f, x, v)[1] / 2,
+        "sign flipped": lambda: lambda f, x, v: -_hv(f, x, v)[1],
+    },
+}
+
+
+def _central(f, x, i, eps):
+    xp, xm = x.clone(), x.clone()
+    xp[i] += eps
+    xm[i] -= eps
+    return f(xp), f(xm)
+
+
+def _num_eye(f, x, eps=1e-6):
+    eye = torch.eye(x.numel(), dtype=x.dtype)
+    return torch.stack([torch.as_tensor((f(x + eps * e) - f(x - eps * e)) / (2 * eps)) for e in eye])
+
+
+def _num_list(f, x, eps=1e-6):
+    vals = []
+    for i in range(len(x)):
+        fp, fm = _central(f, x, i, eps)
+        vals.append((fp - fm) / (2 * eps))
+    return torch.tensor(vals, dtype=x.dtype)
+
+
+def _num_inplace(f, x, eps=1e-6):
+    g = torch.empty_like(x)
+    for i in range(len(x)):
+        old = x[i].item()
+        x[i] = old + eps
+        fp = f(x)
+        x[i] = old - eps
+        fm = f(x)
+        x[i] = old
+        g[i] = (fp - fm) / (2 * eps)
+    return g
+
+
+def _num_five_point(f, x, eps=1e-3):
+    g = torch.zeros_like(x)
+    for i in range(len(x)):
+        def at(k, i=i):
+            y = x.clone()
+            y[i] += k * eps
+            return f(y)
+
+        g[i] = (-at(2) + 8 * at(1) - 8 * at(-1) + at(-2)) / (12 * eps)
+    return g
+
+
+def _num_eps(eps_used, kind="central", only_first=False):
+    def numerical_grad(f, x, eps=1e-6):
+        g = torch.zeros_like(x)
+        for i in range(1 if only_first else len(x)):
+            fp, fm = _central(f, x, i, eps_used)
+            if kind == "backward":
+                g[i] = (f(x) - fm) / eps_used
+            elif kind == "swapped":
+                g[i] = (fm - fp) / (2 * eps_used)
+            else:
+                g[i] = (fp - fm) / (2 * eps_used)
+        return g
+
+    return numerical_grad
+
+
+CH01_Q4 = {
+    "right": {
+        "rows of the identity": lambda: _num_eye,
+        "a list of floats turned into a tensor": lambda: _num_list,
+        "in place, restored": lambda: _num_inplace,
+        "a five-point stencil": lambda: _num_five_point,
+        "eps = 1e-5": lambda: _num_eps(1e-5),
+    },
+    "wrong": {
+        "hard-coded for the old check's input": lambda: lambda f, x, eps=1e-6: torch.tensor(
+            [0.3075, -0.4184, 1.9726, 1.3286], dtype=torch.float64
+        ),
+        "a backward difference": lambda: _num_eps(1e-6, "backward"),
+        "eps far too large": lambda: _num_eps(1e-2),
+        "only the first coordinate": lambda: _num_eps(1e-6, only_first=True),
+        "sign swapped": lambda: _num_eps(1e-6, "swapped"),
+    },
+}
+
+# ------------------------------------------------------------------------------ ch02
+
+
+def _net(layers, forward):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layers(self)
+
+        def forward(self, x):
+            return forward(self, x)
+
+    return Net
+
+
+def _three_attr(m, sizes=(784, 64, 64, 10)):
+    m.fc1, m.fc2, m.fc3 = (nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
+
+
+CH02_Q1 = {
+    "right": {
+        "nn.Sequential": lambda: _net(
+            lambda m: setattr(m, "body", nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(),
+                                                       nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))),
+            lambda m, x: m.body(x),
+        ),
+        "three attributes and F.relu": lambda: _net(
+            _three_attr, lambda m, x: m.fc3(F.relu(m.fc2(F.relu(m.fc1(x.flatten(1))))))
+        ),
+        "an OrderedDict Sequential": lambda: _net(
+            lambda m: setattr(m, "body", nn.Sequential(OrderedDict(
+                a=nn.Linear(784, 64), r=nn.ReLU(), b=nn.Linear(64, 64), r2=nn.ReLU(), c=nn.Linear(64, 10)))),
+            lambda m, x: m.body(x.flatten(1)),
+        ),
+        "nn.ModuleDict": lambda: _net(
+            lambda m: setattr(m, "d", nn.ModuleDict({"a": nn.Linear(784, 64), "b": nn.Linear(64, 64),
+                                                     "c": nn.Linear(64, 10)})),
+            lambda m, x: m.d["c"](torch.relu(m.d["b"](torch.relu(m.d["a"](x.reshape(len(x), -1)))))),
+        ),
+        "add_module in a loop": lambda: _net(
+            lambda m: [m.add_module(f"l{i}", nn.Linear(a, b)) for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
+            lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
+        ),
+    },
+    "wrong": {
+        "layers in a plain dict": lambda: _net(
+            lambda m: setattr(m, "d", {"a": nn.Linear(784, 64), "b": nn.Linear(64, 64), "c": nn.Linear(64, 10)}),
+            lambda m, x: m.d["c"](torch.relu(m.d["b"](torch.relu(m.d["a"](x.flatten(1)))))),
+        ),
+        "no activation": lambda: _net(_three_attr, lambda m, x: m.fc3(m.fc2(m.fc1(x.flatten(1))))),
+        "sigmoid instead of ReLU": lambda: _net(
+            _three_attr, lambda m, x: m.fc3(torch.sigmoid(m.fc2(torch.sigmoid(m.fc1(x.flatten(1))))))
+        ),
+        "ReLU on the output too": lambda: _net(
+            _three_attr, lambda m, x: torch.relu(m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))))
+        ),
+        "no flatten": lambda: _net(_three_attr, lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x)))))),
+        "a hidden layer of 128": lambda: _net(
+            lambda m: _three_attr(m, (784, 128, 64, 10)),
+            lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
+        ),
+    },
+}
+
+
+def _scale(init, forward):
+    class Scale(nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            init(self, factor)
+
+        def forward(self, x):
+            return forward(self, x)
+
+    return Scale
+
+
+def _buf(name="factor", persistent=False, prep=lambda t: t):
+    return lambda m, f: m.register_buffer(name, prep(f), persistent=persistent)
+
+
+CH02_Q2 = {
+    "right": {
+        "a clone of factor": lambda: _scale(_buf(prep=torch.clone), lambda m, x: x * m.factor),
+        "factor * x": lambda: _scale(_buf(), lambda m, x: m.factor * x),
+        "torch.mul": lambda: _scale(_buf(), lambda m, x: torch.mul(x, m.factor)),
+        "a detached factor": lambda: _scale(_buf(prep=lambda t: t.detach()), lambda m, x: x.mul(m.factor)),
+        "a keyword argument": lambda: _scale(
+            lambda m, f: m.register_buffer(name="factor", tensor=f, persistent=False), lambda m, x: x * m.factor
+        ),
+    },
+    "wrong": {
+        "adds instead of multiplying": lambda: _scale(_buf(), lambda m, x: x + m.factor),
+        "hard-coded factor": lambda: _scale(_buf(), lambda m, x: x * torch.tensor([2.0, 3.0])),
+        "a buffer named scale": lambda: _scale(_buf("scale"), lambda m, x: x * m.scale),
+        "multiplies by the sum": lambda: _scale(_buf(), lambda m, x: x * m.factor.sum()),
+        "identity forward": lambda: _scale(_buf(), lambda m, x: x),
+    },
+}
+
+CH02_Q3 = {
+    "right": {
+        "int": lambda: 26_410,
+        "float": lambda: 26_410.0,
+        "numpy int": lambda: np.int64(26_410),
+        "0-d tensor": lambda: torch.tensor(26_410),
+        "one-element tensor": lambda: torch.tensor([26_410]),
+        "numpy float": lambda: np.float64(26_410),
+    },
+    "wrong": {
+        "Linear's bias forgotten": lambda: 26_400,
+        "first conv's bias forgotten": lambda: 26_394,
+        "only the Linear layer": lambda: 20_490,
+        "twice the count": lambda: 52_820,
+        "a string": lambda: "26410",
+        "one more": lambda: 26_411,
+    },
+}
+
+
+def _rec(select=lambda m: not list(m.children()), what=lambda i, o: tuple(o.shape), late=False,
+         top=False, fmt=list, drop_batch=False, remove=True):
+    def record_output_shapes(model, x):
+        shapes, handles = [], []
+        mods = model.named_children() if top else model.named_modules()
+        for name, module in mods:
+            if select(module) or top:
+                if late:
+                    def hook(m, i, o):
+                        shapes.append((name, what(i, o)))  # noqa: B023 (the mistake)
+                else:
+                    def hook(m, i, o, name=name):
+                        shapes.append((name, what(i, o)[1:] if drop_batch else what(i, o)))
+                handles.append(module.register_forward_hook(hook))
+        model(x)
+        if remove:
+            for h in handles:
+                h.remove()
+        return fmt(shapes)
+
+    return record_output_shapes
+
+
+CH02_Q4 = {
+    "right": {
+        "torch.Size shapes": lambda: _rec(what=lambda i, o: o.shape),
+        "lists instead of tuples": lambda: _rec(what=lambda i, o: list(o.shape), fmt=lambda s: [list(p) for p in s]),
+        "a tuple of pairs": lambda: _rec(fmt=tuple),
+        "len(children) == 0": lambda: _rec(select=lambda m: len(list(m.children())) == 0),
+        "sizes via size()": lambda: _rec(what=lambda i, o: tuple(o.size())),
+    },
+    "wrong": {
+        "hard-coded for the old check's input": lambda: lambda model, x: (
+            model(x), [("0", (5, 784)), ("1.0", (5, 32)), ("1.1", (5, 32)), ("2", (5, 10))]
+        )[1],
+        "late-binding name": lambda: _rec(late=True),
+        "only the top-level children": lambda: _rec(top=True),
+        "batch dimension dropped": lambda: _rec(drop_batch=True),
+        "a dict": lambda: _rec(fmt=dict),
+    },
+}
+
+# ------------------------------------------------------------------------------ ch03
+
+
+def _ds(getitem, length=lambda s: len(s.paths)):
+    class MyDataset(Dataset):
+        def __init__(self, paths, labels, transform=None):
+            self.paths, self.labels, self.transform = list(paths), list(labels), transform
+
+        def __len__(self):
+            return length(self)
+
+        def __getitem__(self, idx):
+            return getitem(self, idx)
+
+    return MyDataset
+
+
+def _img(s, idx):
+    image = load_image(s.paths[idx])
+    return s.transform(image) if s.transform else image
+
+
+CH03_Q1 = {
+    "right": {
+        "if self.transform:": lambda: _ds(lambda s, i: (_img(s, i), s.labels[i])),
+        "a list pair": lambda: _ds(lambda s, i: [_img(s, i), s.labels[i]]),
+        "a tensor label": lambda: _ds(lambda s, i: (_img(s, i), torch.tensor(s.labels[i]))),
+        "len of the labels": lambda: _ds(lambda s, i: (_img(s, i), s.labels[i]), lambda s: len(s.labels)),
+        "numpy int label": lambda: _ds(lambda s, i: (_img(s, i), np.int64(s.labels[i]))),
+    },
+    "wrong": {
+        "label always 0": lambda: _ds(lambda s, i: (_img(s, i), 0)),
+        "the next file": lambda: _ds(lambda s, i: (_img(s, (i + 1) % len(s.paths)), s.labels[i])),
+        "label and image swapped": lambda: _ds(lambda s, i: (s.labels[i], _img(s, i))),
+        "a fixed length of 5": lambda: _ds(lambda s, i: (_img(s, i), s.labels[i]), lambda s: 5),
+        "transform always applied": lambda: _ds(lambda s, i: (s.transform(load_image(s.paths[i])), s.labels[i])),
+    },
+}
+
+
+def _collate(pad=0, left=False, lengths_after=False, sort=False, lengths_dtype=torch.int64, out=tuple):
+    def collate(batch):
+        if sort:
+            batch = sorted(batch, key=lambda b: -len(b[0]))
+        seqs = [s for s, _ in batch]
+        longest = max(len(s) for s in seqs)
+        padded = torch.full((len(seqs), longest), pad, dtype=seqs[0].dtype)
+        for i, s in enumerate(seqs):
+            if left:
+                padded[i, longest - len(s):] = s
+            else:
+                padded[i, : len(s)] = s
+        lengths = torch.tensor([longest if lengths_after else len(s) for s in seqs], dtype=lengths_dtype)
+        return out((padded, lengths, torch.as_tensor([y for _, y in batch])))
+
+    return collate
+
+
+CH03_Q2 = {
+    "right": {
+        "manual padding": lambda: _collate(),
+        "a list of three": lambda: _collate(out=list),
+        "int32 lengths": lambda: _collate(lengths_dtype=torch.int32),
+        "pad_sequence and torch.tensor": lambda: lambda batch: (
+            torch.nn.utils.rnn.pad_sequence([s for s, _ in batch], batch_first=True),
+            torch.tensor([s.numel() for s, _ in batch]),
+            torch.tensor([y for _, y in batch]),
+        ),
+        "zip": lambda: lambda batch: (lambda seqs, ys: (
+            torch.nn.utils.rnn.pad_sequence(list(seqs), batch_first=True),
+            torch.tensor(list(map(len, seqs))), torch.tensor(ys)))(*zip(*batch, strict=True)),
+    },
+    "wrong": {
+        "hard-coded for the old check's batch": lambda: lambda batch: (
+            torch.tensor([[3, 1, 4, 0], [1, 5, 0, 0], [9, 2, 6, 5]]), torch.tensor([3, 2, 4]), torch.tensor([0, 1, 1])
+        ),
+        "padded at the front": lambda: _collate(left=True),
+        "padded with -1": lambda: _collate(pad=-1),
+        "lengths after padding": lambda: _collate(lengths_after=True),
+        "sorted by length": lambda: _collate(sort=True),
+    },
+}
+
+
+def _sharded(share):
+    class ShardedRange(IterableDataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            info = get_worker_info()
+            w, k = (0, 1) if info is None else (info.id, info.num_workers)
+            return iter(share(self.n, w, k))
+
+    return ShardedRange
+
+
+def _ceil_chunk(n, w, k):
+    per = -(-n // k)
+    return range(w * per, min(n, (w + 1) * per))
+
+
+def _gen_share(n, w, k):
+    yield from range(w, n, k)
+
+
+class _NoneCrash(IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+CH03_Q3 = {
+    "right": {
+        "contiguous chunks, ceil": lambda: _sharded(_ceil_chunk),
+        "islice": lambda: _sharded(lambda n, w, k: itertools.islice(range(n), w, None, k)),
+        "a generator": lambda: _sharded(_gen_share),
+        "numpy array_split": lambda: _sharded(lambda n, w, k: [int(i) for i in np.array_split(np.arange(n), k)[w]]),
+        "modulo filter": lambda: _sharded(lambda n, w, k: (i for i in range(n) if i % k == w)),
+    },
+    "wrong": {
+        "crashes in the main process": lambda: _NoneCrash,
+        "stops at n - 1": lambda: _sharded(lambda n, w, k: range(w, n - 1, k)),
+        "1 to n": lambda: _sharded(lambda n, w, k: range(w + 1, n + 1, k)),
+        "chunks overlap by one": lambda: _sharded(lambda n, w, k: range(w * (n // k), min(n, (w + 1) * (n // k) + 1))),
+        "ceil chunks past n": lambda: _sharded(lambda n, w, k: range(w * -(-n // k), (w + 1) * -(-n // k))),
+    },
+}
+
+
+def _bw_unique(labels):
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse].double()
+
+
+CH03_Q4 = {
+    "right": {
+        "float32": lambda: lambda labels: 1.0 / torch.bincount(labels)[labels].float(),
+        "scaled by N": lambda: lambda labels: len(labels) / torch.bincount(labels)[labels],
+        "a Python loop": lambda: lambda labels: torch.tensor(
+            [1.0 / int((labels == y).sum()) for y in labels.tolist()]
+        ),
+        "torch.unique": lambda: _bw_unique,
+        "normalised to sum 1": lambda: lambda labels: (lambda w: w / w.sum())(1.0 / torch.bincount(labels)[labels].double()),
+    },
+    "wrong": {
+        "hard-coded for the old check's labels": lambda: lambda labels: 1.0 / torch.tensor(
+            [6, 6, 6, 6, 2, 2, 2, 6, 2, 6], dtype=torch.float64
+        ),
+        "all ones": lambda: lambda labels: torch.ones(len(labels)),
+        "1 / (count + 1)": lambda: lambda labels: 1.0 / (torch.bincount(labels)[labels] + 1.0),
+        "1 / sqrt(count)": lambda: lambda labels: torch.bincount(labels)[labels].double().rsqrt(),
+        "a numpy array": lambda: lambda labels: 1.0 / np.bincount(labels.numpy())[labels.numpy()],
+    },
+}
+
+# ------------------------------------------------------------------------------ ch04
+
+_Q1_RIGHT = [0, 8, 9, 6]
+CH04_Q1 = {
+    "right": {
+        "a tuple": lambda: tuple(_Q1_RIGHT),
+        "a tensor": lambda: torch.tensor(_Q1_RIGHT),
+        "a numpy array": lambda: np.array(_Q1_RIGHT),
+        "numpy ints in a list": lambda: [np.int64(i) for i in _Q1_RIGHT],
+        "a generator": lambda: (i for i in _Q1_RIGHT),
+        "0-d tensors in a list": lambda: [torch.tensor(i) for i in _Q1_RIGHT],
+    },
+    "wrong": {
+        "reversed": lambda: _Q1_RIGHT[::-1],
+        "sorted": lambda: sorted(_Q1_RIGHT),
+        "rank 2's share": lambda: [3, 5, 2, 0],
+        "epoch 4": lambda: __import__("course_utils.dist_viz", fromlist=["x"]).sampler_indices(10, 3, epoch=4)[1],
+        "the first four of the order": lambda: [6, 0, 3, 7],
+        "positions shifted by one": lambda: [3, 5, 2, 0][:3] + [6],
+    },
+}
+
+
+def _ga(dtype=torch.float64, op=None, two_calls=False, post=lambda c, t, d: (c / t).item()):
+    def global_accuracy(correct, total, dist):
+        if two_calls:
+            c, t = torch.tensor(float(correct)), torch.tensor(float(total))
+            dist.all_reduce(c)
+            dist.all_reduce(t)
+            return post(c, t, dist)
+        counts = torch.tensor([correct, total], dtype=dtype)
+        dist.all_reduce(counts) if op is None else dist.all_reduce(counts, op=op)
+        return post(counts[0], counts[1], dist)
+
+    return global_accuracy
+
+
+def _ch04_local_sum(correct, total, dist):
+    acc = torch.tensor(correct / total)
+    dist.all_reduce(acc)
+    return acc.item()
+
+
+CH04_Q2 = {
+    "right": {
+        "float32 counts": lambda: _ga(torch.float32),
+        "two all_reduce calls": lambda: _ga(two_calls=True),
+        "an explicit SUM": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.SUM),
+        "AVG of both counts": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.AVG),
+        "a 0-d tensor": lambda: _ga(post=lambda c, t, d: c / t),
+        "int64 counts": lambda: _ga(torch.int64, post=lambda c, t, d: float(c) / float(t)),
+    },
+    "wrong": {
+        "hard-coded for the old check's shards": lambda: lambda correct, total, dist: 136 / 170,
+        "integer division": lambda: _ga(torch.int64, post=lambda c, t, d: (c // t).item()),
+        "MAX instead of SUM": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.MAX),
+        "a percentage": lambda: _ga(post=lambda c, t, d: (100 * c / t).item()),
+        "the sum of the accuracies": lambda: _ch04_local_sum,
+    },
+}
+
+
+def _orders(first=0, sort=False, out=list, count=lambda e: e):
+    def epoch_orders(sampler, epochs):
+        orders = []
+        for epoch in range(count(epochs)):
+            sampler.set_epoch(epoch + first)
+            orders.append(sorted(sampler) if sort else out(sampler))
+        return orders
+
+    return epoch_orders
+
+
+def _orders_gen(sampler, epochs):
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        yield list(sampler)
+
+
+CH04_Q3 = {
+    "right": {
+        "tuples": lambda: _orders(out=tuple),
+        "tensors": lambda: _orders(out=lambda s: torch.tensor(list(s))),
+        "a generator": lambda: _orders_gen,
+        "list(iter(sampler))": lambda: lambda s, n: [(s.set_epoch(e), list(iter(s)))[1] for e in range(n)],
+        "numpy arrays": lambda: _orders(out=lambda s: np.array(list(s))),
+    },
+    "wrong": {
+        "hard-coded for the old check's sampler": lambda: lambda sampler, epochs: [
+            [5, 0, 3, 9, 10, 7], [11, 3, 5, 9, 6, 1], [4, 7, 11, 6, 0, 1]
+        ],
+        "set_epoch(epoch + 1)": lambda: _orders(first=1),
+        "sorted": lambda: _orders(sort=True),
+        "one epoch too few": lambda: _orders(count=lambda e: e - 1),
+        "one epoch too many": lambda: _orders(count=lambda e: e + 1),
+    },
+}
+
+CH04_Q4 = {
+    "right": {
+        "int": lambda: 128,
+        "float": lambda: 128.0,
+        "numpy int": lambda: np.int64(128),
+        "0-d tensor": lambda: torch.tensor(128),
+        "an expression": lambda: 4 * 2 * 16,
+    },
+    "wrong": {"256": lambda: 256, "8": lambda: 8, "48": lambda: 48, "512": lambda: 512, "130": lambda: 130},
+}
+
+# ------------------------------------------------------------------------------ ch05
+
+
+def _ga5(kind):
+    def global_accuracy(correct, total, all_reduce, world_size):
+        if kind == "two":
+            c, t = correct.clone().double(), total.clone().double()
+            all_reduce(c)
+            all_reduce(t)
+            return float(c / t)
+        counts = torch.stack([correct, total])
+        if kind == "only_total":
+            t = total.clone()
+            all_reduce(t)
+            return (correct / t).item()
+        if kind == "sum_acc":
+            acc = (correct / total).clone()
+            all_reduce(acc)
+            return acc.item()
+        all_reduce(counts)
+        acc = counts[0] / counts[1]
+        return {"float32": acc.item(), "tensor": acc, "over_world": acc.item() / world_size,
+                "percent": 100 * acc.item(), "python": float(acc), "numpy": acc.numpy()[()]}[kind]
+
+    return global_accuracy
+
+
+CH05_Q1 = {
+    "right": {k: (lambda k=k: _ga5(k)) for k in ("two", "float32", "tensor", "python", "numpy")},
+    "wrong": {
+        "hard-coded for the old check's shards": lambda: lambda c, t, ar, w: 145 / 170,
+        **{k: (lambda k=k: _ga5(k)) for k in ("only_total", "sum_acc", "over_world", "percent")},
+    },
+}
+
+
+def _resume(model=True, opt=True, sched=True, start=lambda e: e, step_after=False, order="mos"):
+    def resume(ckpt, model_, optimizer, scheduler):
+        loads = {"m": (model, lambda: model_.load_state_dict(ckpt["model"])),
+                 "o": (opt, lambda: optimizer.load_state_dict(ckpt["optimizer"])),
+                 "s": (sched, lambda: scheduler.load_state_dict(ckpt["scheduler"]))}
+        for key in order:
+            if loads[key][0]:
+                loads[key][1]()
+        if step_after:
+            scheduler.step()
+        return start(ckpt["epoch"])
+
+    return resume
+
+
+CH05_Q2 = {
+    "right": {
+        "scheduler first": lambda: _resume(order="smo"),
+        "int()": lambda: _resume(start=int),
+        "a 0-d tensor": lambda: _resume(start=torch.tensor),
+        "optimizer first": lambda: _resume(order="oms"),
+        "a numpy int": lambda: _resume(start=np.int64),
+    },
+    "wrong": {
+        "model forgotten": lambda: _resume(model=False),
+        "one epoch too early": lambda: _resume(start=lambda e: e - 1),
+        "scheduler stepped after loading": lambda: _resume(step_after=True),
+        "hard-coded start epoch": lambda: _resume(start=lambda e: 3),
+        "only the optimizer": lambda: _resume(model=False, sched=False),
+    },
+}
+
+CH05_Q3 = {
+    "right": {
+        "array_split chunks": lambda: lambda n, r, w: [int(i) for i in np.array_split(np.arange(n), w)[r]],
+        "a range": lambda: lambda n, r, w: range(r, n, w),
+        "a strided tensor": lambda: lambda n, r, w: torch.arange(n)[r::w],
+        "modulo filter": lambda: lambda n, r, w: [i for i in range(n) if i % w == r],
+        "tensor_split": lambda: lambda n, r, w: torch.tensor_split(torch.arange(n), w)[r],
+        "a generator": lambda: lambda n, r, w: (i for i in range(r, n, w)),
+    },
+    "wrong": {
+        "ceil-sized chunks": lambda: lambda n, r, w: list(_ceil_chunk(n, r, w)),
+        "includes n": lambda: lambda n, r, w: list(range(r, n + 1, w)),
+        "shifted by one": lambda: lambda n, r, w: list(range(r + 1, n, w)),
+        "everything on rank 0": lambda: lambda n, r, w: list(range(n)) if r == 0 else [],
+        "stride world_size - 1": lambda: lambda n, r, w: list(range(r, n, max(1, w - 1))),
+    },
+}
+
+
+def _save_via(kind):
+    def save_atomically(obj, path):
+        path = Path(path)
+        if kind == "delete_first":
+            if path.exists():
+                path.unlink()
+            torch.save(obj, path)
+            return
+        if kind == "other_dir":
+            fd, tmp = tempfile.mkstemp(suffix=".pt")
+            os.close(fd)
+            torch.save(obj, tmp)
+            shutil.move(tmp, path)
+            return
+        if kind == "named_tmp":
+            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
+                torch.save(obj, f)
+            os.replace(f.name, path)
+            return
+        tmp = path.with_name(path.name + ".partial")
+        if kind == "never_renames":
+            torch.save(obj, tmp)
+            return
+        if kind == "swapped":
+            torch.save(obj, tmp)
+            os.replace(path, tmp)
+            return
+        torch.save(obj, tmp)
+        if kind == "rename":
+            os.rename(tmp, path)
+        elif kind == "path_replace":
+            tmp.replace(path)
+        elif kind == "str_paths":
+            os.replace(str(tmp), str(path))
+        elif kind == "save_again":
+            os.replace(tmp, path)
+            torch.save(obj, path)
+        elif kind == "pid":
+            pid_tmp = path.parent / f".{path.name}.{os.getpid()}"
+            os.replace(tmp, pid_tmp)
+            os.replace(pid_tmp, path)
+
+    return save_atomically
+
+
+CH05_Q4 = {
+    "right": {k: (lambda k=k: _save_via(k)) for k in ("named_tmp", "rename", "path_replace", "str_paths", "pid")},
+    "wrong": {k: (lambda k=k: _save_via(k)) for k in ("delete_first", "other_dir", "never_renames", "swapped", "save_again")},
+}
+
+# ------------------------------------------------------------------------------ ch06
+
+
+def _net6(layers, forward):
+    return _net(layers, forward)
+
+
+def _two(m, hidden=32):
+    m.fc1, m.fc2 = nn.Linear(784, hidden), nn.Linear(hidden, 10)
+
+
+CH06_Q1 = {
+    "right": {
+        "nn.Sequential": lambda: _net6(
+            lambda m: setattr(m, "net", nn.Sequential(nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))),
+            lambda m, x: m.net(x),
+        ),
+        "nn.ModuleList": lambda: _net6(
+            lambda m: setattr(m, "layers", nn.ModuleList([nn.Linear(784, 32), nn.Linear(32, 10)])),
+            lambda m, x: m.layers[1](torch.relu(m.layers[0](x))),
+        ),
+        "F.relu": lambda: _net6(_two, lambda m, x: m.fc2(F.relu(m.fc1(x)))),
+        "an nn.ReLU module": lambda: _net6(
+            lambda m: (_two(m), setattr(m, "act", nn.ReLU())), lambda m, x: m.fc2(m.act(m.fc1(x)))
+        ),
+        "add_module": lambda: _net6(
+            lambda m: (m.add_module("a", nn.Linear(784, 32)), m.add_module("b", nn.Linear(32, 10))),
+            lambda m, x: m.b(m.a(x).clamp(min=0)),
+        ),
+    },
+    "wrong": {
+        "sigmoid instead of ReLU": lambda: _net6(_two, lambda m, x: m.fc2(torch.sigmoid(m.fc1(x)))),
+        "no activation": lambda: _net6(_two, lambda m, x: m.fc2(m.fc1(x))),
+        "ReLU on the output": lambda: _net6(_two, lambda m, x: torch.relu(m.fc2(torch.relu(m.fc1(x))))),
+        "hidden layer detached": lambda: _net6(_two, lambda m, x: m.fc2(torch.relu(m.fc1(x)).detach())),
+        "a hidden layer of 64": lambda: _net6(lambda m: _two(m, 64), lambda m, x: m.fc2(torch.relu(m.fc1(x)))),
+    },
+}
+
+
+def _acc(kind):
+    def accumulate_step(model, optimizer, micro_batches):
+        k = len(micro_batches)
+        if kind == "cat":
+            optimizer.zero_grad()
+            x = torch.cat([x for x, _ in micro_batches])
+            y = torch.cat([y for _, y in micro_batches])
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            return
+        if kind != "zero_after":
+            optimizer.zero_grad(set_to_none=(kind != "zero_false"))
+        for j, (x, y) in enumerate(micro_batches):
+            if kind == "zero_inside":
+                optimizer.zero_grad()
+            if kind == "only_last" and j < k - 1:
+                continue
+            if kind == "step_early" and j == k - 1:
+                optimizer.step()
+            loss = F.cross_entropy(model(x), y)
+            if kind == "sum":
+                loss = F.cross_entropy(model(x), y, reduction="sum") / (k * len(x))
+            scale = {"by_size": len(x), "times_k": 1 / k, "sum": 1}.get(kind, k)
+            loss.div(scale).backward()
+        if kind != "step_early":
+            optimizer.step()
+        if kind == "zero_after":
+            optimizer.zero_grad()
+
+    return accumulate_step
+
+
+CH06_Q2 = {
+    "right": {k: (lambda k=k: _acc(k)) for k in ("cat", "zero_after", "zero_false", "sum", "plain")},
+    "wrong": {k: (lambda k=k: _acc(k)) for k in ("by_size", "times_k", "only_last", "zero_inside", "step_early")},
+}
+
+
+def _eval(kind):
+    def evaluate(model, x, y):
+        was = model.training
+        if kind == "eval_attr":
+            model.eval  # noqa: B018 (the mistake: not called)
+        elif kind == "train_false":
+            model.train(False)
+        else:
+            model.eval()
+        ctx = torch.inference_mode() if kind == "inference" else (
+            torch.set_grad_enabled(False) if kind == "set_grad" else torch.no_grad())
+        if kind == "no_grad_call":
+            torch.no_grad()
+            ctx = torch.enable_grad()
+        with ctx:
+            out = model(x)
+        dim = 0 if kind == "dim0" else 1
+        hits = (out.argmax(dim) == y) if kind != "dim0" else (out.argmax(dim)[: len(y)] == y[: out.shape[1]])
+        value = {"count": hits.sum().item(), "error": 1 - hits.float().mean().item(),
+                 "tensor": hits.float().mean(), "sum_len": hits.sum().item() / len(y)}.get(kind, hits.float().mean().item())
+        model.train(was)
+        return value
+
+    return evaluate
+
+
+CH06_Q3 = {
+    "right": {k: (lambda k=k: _eval(k)) for k in ("inference", "set_grad", "train_false", "tensor", "sum_len")},
+    "wrong": {k: (lambda k=k: _eval(k)) for k in ("eval_attr", "no_grad_call", "count", "error", "dim0")},
+}
+
+
+def _loader(kind):
+    def make_loader(dataset, rank, world_size, epoch):
+        if kind == "subset":
+            return DataLoader(Subset(dataset, range(rank, len(dataset), world_size)), batch_size=4, shuffle=True)
+        sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=kind != "no_shuffle",
+            seed={"seed_rank": rank, "common_seed": 1234}.get(kind, 0), drop_last=kind == "drop_last")
+        sampler.set_epoch(0 if kind == "epoch0" else epoch)
+        if kind == "positional":
+            return DataLoader(dataset, 4, False, sampler)
+        if kind == "plain":
+            sampler = DistributedSampler(dataset, world_size, rank)
+            sampler.set_epoch(epoch)
+        return DataLoader(dataset, batch_size=8 if kind == "batch8" else 4, sampler=sampler,
+                          num_workers=0, shuffle=None)
+
+    return make_loader
+
+
+CH06_Q4 = {
+    "right": {k: (lambda k=k: _loader(k)) for k in ("plain", "drop_last", "positional", "common_seed", "explicit")},
+    "wrong": {k: (lambda k=k: _loader(k)) for k in ("no_shuffle", "epoch0", "seed_rank", "subset", "batch8")},
+}
+
+SIMULATION = {
+    ("ch00", "q1"): CH00_Q1,
+    ("ch01", "q1"): CH01_Q1, ("ch01", "q2"): CH01_Q2, ("ch01", "q3"): CH01_Q3, ("ch01", "q4"): CH01_Q4,
+    ("ch02", "q1"): CH02_Q1, ("ch02", "q2"): CH02_Q2, ("ch02", "q3"): CH02_Q3, ("ch02", "q4"): CH02_Q4,
+    ("ch03", "q1"): CH03_Q1, ("ch03", "q2"): CH03_Q2, ("ch03", "q3"): CH03_Q3, ("ch03", "q4"): CH03_Q4,
+    ("ch04", "q1"): CH04_Q1, ("ch04", "q2"): CH04_Q2, ("ch04", "q3"): CH04_Q3, ("ch04", "q4"): CH04_Q4,
+    ("ch05", "q1"): CH05_Q1, ("ch05", "q2"): CH05_Q2, ("ch05", "q3"): CH05_Q3, ("ch05", "q4"): CH05_Q4,
+    ("ch06", "q1"): CH06_Q1, ("ch06", "q2"): CH06_Q2, ("ch06", "q3"): CH06_Q3, ("ch06", "q4"): CH06_Q4,
+}
+
+# ------------------------------------------------------------------------------ the simulation
+
+
+class Hang(BaseException):
+    pass
+
+
+def _session_state():
+    return {
+        "torch rng": torch.get_rng_state(),
+        "numpy rng": np.random.get_state()[1].copy(),
+        "random state": random.getstate(),
+        "grad mode": torch.is_grad_enabled(),
+        "default dtype": torch.get_default_dtype(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _changed(before, after):
+    out = []
+    for key, old in before.items():
+        new = after[key]
+        same = torch.equal(old, new) if isinstance(old, torch.Tensor) else (
+            np.array_equal(old, new) if isinstance(old, np.ndarray) else old == new)
+        if not same:
+            out.append(key)
+    return out
+
+
+def _snapshot(answer):
+    """A copy of a learner's small tensor or container, to see whether a check changed it."""
+    if isinstance(answer, torch.Tensor) and answer.numel() < 10**6:
+        return answer.clone()
+    if isinstance(answer, list | np.ndarray):
+        return [x.clone() if isinstance(x, torch.Tensor) else x for x in answer]
+    return None
+
+
+def _same_snapshot(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _timed(call):
+    def on_alarm(signum, frame):
+        raise Hang()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, HANG_S)
+    start = time.perf_counter()
+    try:
+        return call(), time.perf_counter() - start
+    except Hang:
+        return None, time.perf_counter() - start
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def simulate(mod_name, q_name):
+    """Every answer of the simulation for one exercise: a list of (kind, label, problem or None, message)."""
+    ex = getattr(importlib.import_module(f"course_utils.exercises.{mod_name}"), q_name)
+    plan = SIMULATION[(mod_name, q_name)]
+    rows = []
+    answers = [("right", k, f) for k, f in plan["right"].items()]
+    answers += [("wrong", k, f) for k, f in plan["wrong"].items()]
+    answers += [("hostile", k, f) for k, f in HOSTILE.items()] + [("hostile", "None", lambda: None)]
+    for kind, label, make in answers:
+        answer = make()
+        snap = _snapshot(answer)
+        torch.manual_seed(1234)
+        before = _session_state()
+        result, took = _timed(lambda answer=answer: ex.check(answer))
+        changed = _changed(before, _session_state())
+        problem = None
+        if result is None:
+            problem = f"hang (no verdict after {HANG_S:.0f} s)"
+        elif kind == "right" and result.status != "correct":
+            problem = f"false Incorrect: {result.message}"
+        elif kind == "wrong" and (result.status != "incorrect" or len(result.message) < 20):
+            problem = f"false {result.status}: {result.message}"
+        elif kind == "hostile" and result.status == "correct":
+            problem = "hostile answer called Correct"
+        elif kind == "hostile" and label == "None" and result.status != "not_attempted":
+            problem = f"None is not 'not attempted': {result.message}"
+        elif took > 4 * LIMIT_S + 3:
+            problem = f"slow: {took:.1f} s"
+        elif changed:
+            problem = f"side effect: changed {', '.join(changed)}"
+        elif snap is not None and not _same_snapshot(snap, answer):
+            problem = "side effect: changed the learner's answer"
+        rows.append((kind, label, problem, "" if result is None else f"{result.status}: {result.message}"))
+    for what in ("hint", "solution"):
+        before = _session_state()
+        getattr(ex, what)()
+        changed = _changed(before, _session_state())
+        rows.append(("display", what, f"side effect: changed {', '.join(changed)}" if changed else None, ""))
+    return rows
+
+
+@pytest.fixture
+def short_limit():
+    from course_utils.exercises import core
+
+    old = getattr(core, "TIME_LIMIT_S", None)
+    core.TIME_LIMIT_S = LIMIT_S
+    yield
+    if old is not None:
+        core.TIME_LIMIT_S = old
+
+
+def test_every_exercise_is_simulated():
+    from course_utils.exercises import all_exercises
+
+    listed = {(mod, name) for mod, exs in all_exercises().items()
+              for name in (f"q{i}" for i in range(1, len(exs) + 1))}
+    assert listed == set(SIMULATION)
+    for plan in SIMULATION.values():
+        assert len(plan["right"]) >= 5 and len(plan["wrong"]) >= 5
+
+
+def test_simulated_mistakes_are_not_the_declared_ones():
+    """The simulation's mistakes must be new to the checker: none is the same object as a declared one."""
+    from course_utils.exercises import all_exercises
+
+    declared = {id(m) for exs in all_exercises().values() for ex in exs for m in getattr(ex, "mistakes", {}).values()}
+    for plan in SIMULATION.values():
+        for make in plan["wrong"].values():
+            assert id(make()) not in declared
+
+
+@pytest.mark.parametrize(("mod", "q"), sorted(SIMULATION), ids=[f"{m}-{q}" for m, q in sorted(SIMULATION)])
+def test_simulated_learners_get_fair_bounded_verdicts_without_side_effects(mod, q, short_limit):
+    problems = [f"{kind} {label!r}: {problem}" for kind, label, problem, _ in simulate(mod, q) if problem]
+    assert not problems, "\n".join(problems)
+
+
+if __name__ == "__main__":  # print every verdict: python tests/test_exercise_simulation.py [chNN]
+    import sys
+
+    from course_utils.exercises import core
+
+    core.TIME_LIMIT_S = LIMIT_S
+    total = found = 0
+    for mod, q in sorted(SIMULATION):
+        if len(sys.argv) > 1 and mod not in sys.argv[1:]:
+            continue
+        rows = simulate(mod, q)
+        tried = sum(1 for r in rows if r[0] != "display")
+        total += tried
+        bad = [r for r in rows if r[2]]
+        found += len(bad)
+        print(f"== {mod}.{q}: {tried} answers, {len(bad)} problems")
+        for kind, label, problem, _message in bad:
+            print(f"   {kind:8s} {label}: {problem}")
+    print(f"TOTAL {total} answers, {found} problems")
