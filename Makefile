@@ -1,15 +1,23 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab test execute bench setup doctor lint
+.PHONY: lab test test-spawn test-pythons test-gpu execute bench stress setup doctor lint
 lab:
 	@$(PYTHON) tasks.py lab
 test:
 	@$(PYTHON) tasks.py test
+test-spawn:
+	@$(PYTHON) tasks.py test-spawn
+test-pythons:
+	@$(PYTHON) tasks.py test-pythons
+test-gpu:
+	@$(PYTHON) tasks.py test-gpu
 execute:
 	@$(PYTHON) tasks.py execute
 bench:
 	@$(PYTHON) tasks.py bench
+stress:
+	@$(PYTHON) tasks.py stress
 setup:
 	@$(PYTHON) tasks.py setup
 doctor: setup

@@ -5,6 +5,11 @@
     python tasks.py test [ARGS]  # set up .venv if needed, run the whole test suite
     python tasks.py execute [NB] # re-run notebooks in place in a fresh kernel
     python tasks.py bench [NB]   # time each notebook's execution (median of a few runs)
+    python tasks.py test-spawn   # the process-starting notebooks with spawn only (as on Windows/macOS)
+    python tasks.py test-pythons # the suite on Python 3.11, 3.12 and 3.13, each in .venv-3.X
+    python tasks.py test-gpu     # the GPU lane, in the Python that runs it (no .venv)
+    python tasks.py stress [--script-runs N] [--notebook-runs M]
+                                 # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
 
 Works with any Python 3 to print a clear message; the course itself needs 3.11+.
@@ -23,9 +28,9 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 NOTEBOOKS = ROOT / "notebooks"
 REQUIREMENTS = ROOT / "requirements.txt"
-STAMP = VENV / ".course-stamp"
 SANITIZE = ROOT / "nbval_sanitize.cfg"
 MIN_PY = (3, 11)
+KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is slow, not dead
 CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
 
 
@@ -34,10 +39,11 @@ def die(msg):
     sys.exit(2)
 
 
-def venv_python():
+def venv_python(venv=None):
+    venv = venv or VENV
     if os.name == "nt":
-        return VENV / "Scripts" / "python.exe"
-    return VENV / "bin" / "python"
+        return venv / "Scripts" / "python.exe"
+    return venv / "bin" / "python"
 
 
 def find_base_python():
@@ -79,21 +85,25 @@ def _explain_pip_failure(log_text):
     return "installing the pinned packages failed: " + " | ".join(last)
 
 
-def ensure_venv(quiet=False):
-    """Create .venv and install requirements + course_utils unless the stamp says it is current."""
-    py = venv_python()
+def ensure_venv(quiet=False, venv=None, base=None):
+    """Create a venv (.venv unless `venv` is given, with the Python `base`) and install
+    requirements + course_utils into it, unless its stamp says it is current."""
+    venv = venv or VENV
+    py = venv_python(venv)
+    stamp = venv / ".course-stamp"
     want = stamp_value()
-    if py.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
+        _build_font_cache(py, venv)
         return py
-    base = find_base_python()
+    base = base or find_base_python()
     if not py.exists():
-        print("Creating .venv with %s ..." % base, flush=True)
-        r = subprocess.run([base, "-m", "venv", str(VENV)])
+        print("Creating %s with %s ..." % (venv.name, base), flush=True)
+        r = subprocess.run([base, "-m", "venv", str(venv)])
         if r.returncode != 0:
-            die("could not create .venv (on Debian/Ubuntu: apt-get install python3-venv).")
-    log = VENV / "pip-install.log"
-    print("Installing the pinned requirements into .venv (several minutes the first time;"
-          " log: .venv/pip-install.log) ...", flush=True)
+            die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)." % venv.name)
+    log = venv / "pip-install.log"
+    print("Installing the pinned requirements into %s (several minutes the first time;"
+          " log: %s/pip-install.log) ..." % (venv.name, venv.name), flush=True)
     t0 = time.time()
     with open(log, "w") as fh:
         steps = [
@@ -106,13 +116,33 @@ def ensure_venv(quiet=False):
             if r.returncode != 0:
                 fh.flush()
                 die(_explain_pip_failure(log.read_text(errors="replace")))
-    STAMP.write_text(want + "\n")
+    _build_font_cache(py, venv)
+    stamp.write_text(want + "\n")
     print("Environment ready in %.0f s." % (time.time() - t0), flush=True)
     return py
 
 
+def venv_env(venv=None, base=None):
+    """The environment every command runs with: matplotlib keeps its font cache inside the venv.
+
+    matplotlib's default cache (~/.cache/matplotlib) is shared by every venv of the user and names
+    font files inside the venv that wrote it; from another venv, or once that one is deleted,
+    every figure then writes "findfont: Font family ... not found" on stderr."""
+    env = dict(os.environ if base is None else base)
+    env["MPLCONFIGDIR"] = str((venv or VENV) / "mplconfig")
+    return env
+
+
+def _build_font_cache(py, venv):
+    """Build matplotlib's font cache now, so that no notebook prints "building the font cache"."""
+    if not list((venv / "mplconfig").glob("fontlist-*.json")):
+        subprocess.run([str(py), "-c", "import matplotlib.font_manager"], env=venv_env(venv),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+
+
 def in_venv(args, **kw):
     py = ensure_venv()
+    kw["env"] = venv_env(base=kw.get("env"))
     return subprocess.call([str(py)] + list(args), cwd=str(ROOT), **kw)
 
 
@@ -130,12 +160,13 @@ def cmd_lab(argv):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--allow-root")  # containers and CI run as root; Jupyter refuses that without the flag
     args += list(argv)
-    return subprocess.call(args, cwd=str(ROOT))
+    return subprocess.call(args, cwd=str(ROOT), env=venv_env())
 
 
-def nbval_args():
-    return ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE),
-            "--nbval-cell-timeout", str(CELL_TIMEOUT)]
+def nbval_args(mode="--nbval"):
+    """nbval's options for every lane; `mode` "--nbval-lax" compares only the tagged cells."""
+    return [mode, "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE),
+            "--nbval-cell-timeout", str(CELL_TIMEOUT), "--nbval-kernel-startup-timeout", str(KERNEL_START_TIMEOUT)]
 
 
 def cmd_test(argv):
@@ -162,12 +193,238 @@ def cmd_bench(argv):
     return in_venv(["-m", "course_utils.notebook", "bench"] + list(argv))
 
 
+# The documented normal mode of every script in notebooks/scripts/ (its docstring's command),
+# run from notebooks/. nproc 0: a plain `python SCRIPT`; "{out}" is a fresh folder per run.
+# slurm_ddp.sbatch is covered by the Slurm lane.
+STRESS_SCRIPTS = [
+    ("hello_dist.py", 2, []),
+    ("collectives.py", 2, []),
+    ("sampler_demo.py", 2, []),
+    ("ddp_digits.py", 2, ["--epochs", "10"]),
+    ("ddp_equals_big_batch.py", 2, ["--out", "{out}"]),
+    ("fsdp_demo.py", 2, ["--ckpt", "{out}/ckpt"]),
+    ("pitfall_rank0_eval.py", 2, []),
+    ("spawn_demo.py", 0, []),
+    ("train.py", 2, ["--out-dir", "{out}"]),
+]
+STRESS_LOGS = ROOT / ".stress"
+
+
+def script_command(script, nproc, args, out, py=None):
+    """The terminal command of a script's normal mode (see STRESS_SCRIPTS), run from notebooks/."""
+    py = py or str(venv_python())
+    cmd = [py, "scripts/" + script] if nproc == 0 else [
+        py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "scripts/" + script]
+    return cmd + [a.replace("{out}", out) for a in args]
+
+
+def _show(cmd):
+    shown = ["python" if c == str(venv_python()) else c for c in cmd]
+    return " ".join(re.sub(r".*[/\\]stress-[^/\\]*", "DIR", c) for c in shown)
+
+
+def run_script(script, nproc, args, env, py=None, timeout=600):
+    """Run one script in its normal mode, in a fresh folder for "{out}"; returns (ok, exit code,
+    output, seconds, command shown). It fails on a non-zero exit, a timeout, or an abort message."""
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="stress-")
+    cmd = script_command(script, nproc, args, out, py=py)
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, cwd=str(NOTEBOOKS), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout)
+        text, rc = r.stdout.decode("utf-8", "replace"), r.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, rc = (exc.stdout or b"").decode("utf-8", "replace") + "\n[timed out]", -1
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    ok = rc == 0 and "terminate called" not in text
+    return ok, rc, text, time.time() - t0, _show(cmd)
+
+
+def stress_scripts(runs, timeout=600):
+    """Run every script `runs` times; a run fails on a non-zero exit, a timeout, or an abort
+    message in its output. Returns rows (command, runs, failures, median s, failing logs)."""
+    import statistics
+
+    STRESS_LOGS.mkdir(exist_ok=True)
+    rows = []
+    for script, nproc, args in STRESS_SCRIPTS:
+        times, failed = [], []
+        shown = None
+        for k in range(runs):
+            ok, rc, text, seconds, shown = run_script(script, nproc, args, venv_env(), timeout=timeout)
+            times.append(seconds)
+            if not ok:
+                log = STRESS_LOGS / ("%s.run%d.log" % (script, k + 1))
+                log.write_text("$ %s\nexit code %d\n%s" % (shown, rc, text))
+                failed.append(str(log.relative_to(ROOT)))
+            print("  %-26s run %2d/%d  %s  %5.1f s" % (script, k + 1, runs, "ok  " if ok else "FAIL", seconds),
+                  flush=True)
+        rows.append((shown, runs, len(failed), statistics.median(times), failed))
+    return rows
+
+
+def cmd_stress(argv):
+    """Every script N times from a terminal, every notebook M times in a fresh kernel; 0 failures allowed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python tasks.py stress")
+    parser.add_argument("--script-runs", type=int, default=10)
+    parser.add_argument("--notebook-runs", type=int, default=3)
+    parser.add_argument("--only", choices=["scripts", "notebooks"], default=None)
+    opts = parser.parse_args(argv)
+    if opts.script_runs < 1 or opts.notebook_runs < 1:
+        die("--script-runs and --notebook-runs must be at least 1")
+    ensure_venv()
+    failures = 0
+    if opts.only != "notebooks":
+        print("Scripts, %d run(s) each, from notebooks/ ..." % opts.script_runs, flush=True)
+        rows = stress_scripts(opts.script_runs)
+        width = max(len(r[0]) for r in rows)
+        print("\n%-*s  %5s  %8s  %8s" % (width, "command", "runs", "failures", "median s"))
+        for shown, runs, nfail, med, logs in rows:
+            print("%-*s  %5d  %8d  %8.1f" % (width, shown, runs, nfail, med))
+            for log in logs:
+                print("    log: " + log)
+            failures += nfail
+    if opts.only != "scripts":
+        print("\nNotebooks, %d run(s) each, in a fresh kernel ..." % opts.notebook_runs, flush=True)
+        rc = in_venv(["-m", "course_utils.notebook", "stress", "--runs", str(opts.notebook_runs)])
+        failures += rc != 0
+    print("\nstress: %s" % ("no failure" if failures == 0 else "FAILED"), flush=True)
+    return 0 if failures == 0 else 1
+
+
+def cmd_test_gpu(argv):
+    """The GPU lane, in the Python that runs this (a GPU machine brings its own PyTorch; .venv's
+    pins are not installed there): lax nbval over every notebook (only the cells tagged
+    nbval-check-output are compared, stdout only; any error fails), then every script once with
+    nccl where there is one GPU per rank (one GPU: one nccl rank, and two gloo ranks)."""
+    try:
+        import torch
+    except ImportError:
+        die("the GPU lane runs in the Python that has the machine's PyTorch; this one has no torch.")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print("GPU lane: torch %s, %d GPU(s), Python %s" % (torch.__version__, gpus, sys.version.split()[0]),
+          flush=True)
+    env = dict(os.environ, COURSE_GPU_LANE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"] + nbval_args("--nbval-lax")
+    rc = subprocess.call(args + list(argv or [str(NOTEBOOKS)]), cwd=str(ROOT), env=env)
+    runs = []  # (script, nproc, backend)
+    for script, nproc, sargs in STRESS_SCRIPTS:
+        if nproc == 0:
+            runs.append((script, 0, None, sargs))
+        elif gpus >= nproc:
+            runs.append((script, nproc, "nccl", sargs))
+        else:
+            if gpus >= 1:
+                runs.append((script, 1, "nccl", sargs))
+            runs.append((script, nproc, "gloo", sargs))
+
+    failed = []
+    for script, nproc, backend, sargs in runs:
+        run_env = dict(env, COURSE_BACKEND=backend) if backend else env
+        ok, _, text, seconds, _ = run_script(script, nproc, sargs, run_env, py=sys.executable)
+        print("  %-26s %-5s x%d  %s  %5.1f s" % (script, backend or "-", max(nproc, 1), "ok" if ok else "FAIL",
+                                                  seconds), flush=True)
+        if not ok:
+            failed.append(script)
+            print(text[-3000:])
+    print("GPU lane: notebooks %s; scripts %d/%d ok" % ("ok" if rc == 0 else "FAILED", len(runs) - len(failed),
+                                                        len(runs)), flush=True)
+    return 0 if rc == 0 and not failed else 1
+
+
+SPAWN_NOTEBOOKS = ("03_data_loading.ipynb", "04_distributed.ipynb", "05_full_pipeline.ipynb", "06_pitfalls.ipynb")
+
+
+def cmd_test_spawn(argv):
+    """The notebooks that start processes, run as on Windows and macOS: every process starts with
+    spawn and fork does not exist (tests/spawn_only/sitecustomize.py). Outputs that name the start
+    method differ there, so the run is lax: any error fails, and the tagged cells are compared."""
+    ensure_venv()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests" / "spawn_only"), env.get("PYTHONPATH")) if p)
+    targets = list(argv) or [str(NOTEBOOKS / n) for n in SPAWN_NOTEBOOKS]
+    args = ["-m", "pytest", "-p", "no:cacheprovider"] + nbval_args("--nbval-lax") + ["-n", "2", "--dist", "loadfile"] + targets
+    return in_venv(args, env=env)
+
+
+PYTHONS = ("3.11", "3.12", "3.13")
+
+
+def _venv_base(venv):
+    """The interpreter a venv was made from (pyvenv.cfg's `executable`, else its `home`)."""
+    cfg = venv / "pyvenv.cfg"
+    if not cfg.exists():
+        return ""
+    keys = dict(ln.split("=", 1) for ln in cfg.read_text().splitlines() if "=" in ln)
+    keys = {k.strip(): v.strip() for k, v in keys.items()}
+    return keys.get("executable") or str(Path(keys.get("home", "")) / "python3")
+
+
+def find_python(version):
+    """An interpreter of `version` ("3.12") that really runs: python3.12 on PATH (a pyenv shim
+    there may refuse), else one that pyenv installed."""
+    candidates = [shutil.which("python" + version)]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates += [str(f / "bin" / ("python" + version)) for f in sorted(pyenv.glob(version + ".*"), reverse=True)]
+    for exe in candidates:
+        if not exe or not Path(exe).exists():
+            continue
+        try:
+            r = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                               capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0 and r.stdout.strip() == version:
+            return exe
+    return None
+
+
+def cmd_test_pythons(argv):
+    """The whole suite on each Python the README names, each in its own venv (.venv-3.X)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python tasks.py test-pythons")
+    parser.add_argument("--pythons", default=",".join(PYTHONS), help="comma-separated, e.g. 3.12,3.13")
+    opts, rest = parser.parse_known_args(argv)
+    versions = [v.strip() for v in opts.pythons.split(",") if v.strip()]
+    missing = [v for v in versions if not find_python(v)]
+    if missing:
+        die("no interpreter for Python %s: install it (python.org, pyenv, your package manager)." % ", ".join(missing))
+    rows = []
+    for v in versions:
+        t0 = time.time()
+        base = find_python(v)
+        # The README's own .venv serves for the version it is (or would be) made with; others get .venv-3.X.
+        own = _venv_base(VENV) if venv_python().exists() else find_base_python()
+        same = Path(base).resolve() == Path(own).resolve() or (
+            not venv_python().exists() and "%d.%d" % sys.version_info[:2] == v)
+        py = ensure_venv(venv=VENV if same else ROOT / (".venv-" + v), base=base if not same else None)
+        t1 = time.time()
+        args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + (rest or ["tests", "notebooks"])
+        rc = subprocess.call([str(py)] + args, cwd=str(ROOT), env=venv_env(py.parent.parent))
+        rows.append((v, rc, t1 - t0, time.time() - t1))
+    print("\n%-8s %-8s %10s %10s" % ("Python", "result", "install s", "suite s"))
+    for v, rc, inst, suite in rows:
+        print("%-8s %-8s %10.0f %10.0f" % (v, "ok" if rc == 0 else "FAILED", inst, suite))
+    return 0 if all(r[1] == 0 for r in rows) else 1
+
+
 COMMANDS = {
     "setup": cmd_setup,
     "lab": cmd_lab,
     "test": cmd_test,
     "execute": cmd_execute,
     "bench": cmd_bench,
+    "stress": cmd_stress,
+    "test-gpu": cmd_test_gpu,
+    "test-pythons": cmd_test_pythons,
+    "test-spawn": cmd_test_spawn,
 }
 
 

@@ -42,10 +42,12 @@ def test_environment_yml_agrees_with_requirements():
 
 def test_make_targets_call_the_task_runner():
     mk = (ROOT / "Makefile").read_text()
-    for target in ("lab", "test", "execute", "bench"):
+    for target in ("lab", "test", "execute", "bench", "stress", "test-spawn", "test-pythons", "test-gpu"):
         assert re.search(rf"^{target}:.*\n\t@\$\(PYTHON\) tasks.py {target}$", mk, re.M), target
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert ci.strip().splitlines()[-1] == "make test"
+        assert target in tasks.COMMANDS
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", " "))]
+    assert ci[ci.index("make test"):] == ["make test", "make test-spawn",
+                                          "python3 tasks.py test-pythons --pythons 3.12,3.13"]
 
 
 def test_test_command_is_strict_parallel_nbval():
@@ -64,7 +66,8 @@ def test_stamp_is_keyed_on_requirements(tmp_path, monkeypatch):
 
 
 def test_an_up_to_date_venv_installs_nothing(monkeypatch):
-    if not (tasks.STAMP.exists() and tasks.STAMP.read_text().strip() == tasks.stamp_value()):
+    stamp = tasks.VENV / ".course-stamp"
+    if not (stamp.exists() and stamp.read_text().strip() == tasks.stamp_value()):
         pytest.skip("this checkout's .venv was not made by tasks.py")
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
