@@ -391,6 +391,7 @@ def cmd_test_pythons(argv):
 
     parser = argparse.ArgumentParser(prog="python tasks.py test-pythons")
     parser.add_argument("--pythons", default=",".join(PYTHONS), help="comma-separated, e.g. 3.12,3.13")
+    parser.add_argument("--setup-only", action="store_true", help="create and fill the venvs, run nothing")
     opts, rest = parser.parse_known_args(argv)
     versions = [v.strip() for v in opts.pythons.split(",") if v.strip()]
     missing = [v for v in versions if not find_python(v)]
@@ -406,6 +407,9 @@ def cmd_test_pythons(argv):
             not venv_python().exists() and "%d.%d" % sys.version_info[:2] == v)
         py = ensure_venv(venv=VENV if same else ROOT / (".venv-" + v), base=base if not same else None)
         t1 = time.time()
+        if opts.setup_only:
+            rows.append((v, 0, t1 - t0, 0.0))
+            continue
         args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + (rest or ["tests", "notebooks"])
         rc = subprocess.call([str(py)] + args, cwd=str(ROOT), env=venv_env(py.parent.parent))
         rows.append((v, rc, t1 - t0, time.time() - t1))
