@@ -32,9 +32,13 @@ from torch.utils.data import (
 )
 
 from course_utils.data import load_image
+from course_utils.exercises.core import MAX_STRETCH
 
 LIMIT_S = 3.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
-HANG_S = float(os.environ.get("SIM_HANG_S", "8"))  # a check that takes longer is reported as a hang
+# On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
+# charged), up to core.MAX_STRETCH times: slower than that is "slow", much slower a hang.
+SLOW_S = MAX_STRETCH * LIMIT_S + 5
+HANG_S = float(os.environ.get("SIM_HANG_S", SLOW_S + 10))
 
 
 # ------------------------------------------------------------------------------ hostile answers
@@ -1114,7 +1118,7 @@ def simulate(mod_name, q_name):
             problem = "hostile answer called Correct"
         elif kind == "hostile" and label == "None" and result.status != "not_attempted":
             problem = f"None is not 'not attempted': {result.message}"
-        elif took > 4 * LIMIT_S + 3:
+        elif took > SLOW_S:
             problem = f"slow: {took:.1f} s"
         elif changed:
             problem = f"side effect: changed {', '.join(changed)}"

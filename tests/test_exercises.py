@@ -35,7 +35,7 @@ def test_every_chapter_module_lists_exercises():
     assert "ch00" in found
     for mod, exs in found.items():
         if mod != "ch00":
-            assert 2 <= len(exs) <= 5, f"{mod} should have 3-4 exercises, has {len(exs)}"
+            assert 3 <= len(exs) <= 5, f"{mod} should have 3-5 exercises, has {len(exs)}"
 
 
 @pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
@@ -184,7 +184,7 @@ def test_a_check_is_bounded_in_time(answer, monkeypatch):
     start = time.monotonic()
     r = _fn_ex().check(answer)
     assert r.status == "incorrect" and "did not finish within 0.5 seconds" in r.message
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 0.5 * core.MAX_STRETCH + 3  # stretched only on a starved CPU
 
 
 def test_a_check_off_the_main_thread_is_bounded_too(monkeypatch):
@@ -194,7 +194,7 @@ def test_a_check_off_the_main_thread_is_bounded_too(monkeypatch):
     start = time.monotonic()
     t.start()
     t.join(10)
-    assert box and "did not finish" in box[0].message and time.monotonic() - start < 3
+    assert box and "did not finish" in box[0].message and time.monotonic() - start < 0.5 * core.MAX_STRETCH + 3
 
 
 @pytest.mark.parametrize("on_main_thread", [True, False])

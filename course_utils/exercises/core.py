@@ -129,7 +129,7 @@ def _cpu_wait(tid: int | None = None) -> float:
         return 0.0
 
 
-MAX_STRETCH = 10.0  # on a busy machine a limit grows by the time spent waiting for a CPU, up to this factor
+MAX_STRETCH = 3.0  # on a busy machine a limit grows by the time spent waiting for a CPU, up to this factor
 
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> tuple[Any, float]:
