@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from . import data
 
+#: The gallery's default view: the widget's starting values and the defaults of `pick` and `show`, so
+#: `show(**GALLERY_DEFAULTS)` (the notebook's static twin) draws what the widget first shows.
+GALLERY_DEFAULTS: dict[str, Any] = {"split": "train", "label": None, "n": 24, "seed": 0}
+_D = GALLERY_DEFAULTS  # short name for the signatures below
 
-def pick(split: str = "train", label: int | None = None, n: int = 24, seed: int = 0) -> tuple[torch.Tensor, list[int], list[int]]:
+
+def pick(
+    split: str = _D["split"], label: int | None = _D["label"], n: int = _D["n"], seed: int = _D["seed"]
+) -> tuple[torch.Tensor, list[int], list[int]]:
     """Choose `n` images of a split (of one class if `label` is given), reproducibly.
 
     Returns ``(images [n, 28, 28], labels, indices into the split)``.
@@ -42,7 +51,7 @@ def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: in
     return fig
 
 
-def show(split: str = "train", label: int | None = None, n: int = 24, seed: int = 0):
+def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D["n"], seed: int = _D["seed"]):
     """The gallery's view: pick images, draw them, return the figure."""
     images, labels, _ = pick(split, label, n, seed)
     which = "all digits" if label is None else f"digit {label}"
@@ -50,7 +59,7 @@ def show(split: str = "train", label: int | None = None, n: int = 24, seed: int 
 
 
 def gallery_widget():
-    """Sliders for split, class, count and seed over :func:`show`."""
+    """Sliders for split, class, count and seed over :func:`show`, starting at :data:`GALLERY_DEFAULTS`."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
@@ -58,10 +67,11 @@ def gallery_widget():
         show(split, None if label < 0 else label, n, seed)
         plt.show()
 
+    d = GALLERY_DEFAULTS
     return w.interactive(
         update,
-        split=w.ToggleButtons(options=["train", "test"], value="train"),
-        label=w.IntSlider(value=-1, min=-1, max=9, description="digit (-1: all)"),
-        n=w.IntSlider(value=24, min=8, max=64, step=8, description="images"),
-        seed=w.IntSlider(value=0, min=0, max=20, description="seed"),
+        split=w.ToggleButtons(options=["train", "test"], value=d["split"]),
+        label=w.IntSlider(value=-1 if d["label"] is None else d["label"], min=-1, max=9, description="digit (-1: all)"),
+        n=w.IntSlider(value=d["n"], min=8, max=64, step=8, description="images"),
+        seed=w.IntSlider(value=d["seed"], min=0, max=20, description="seed"),
     )
