@@ -360,7 +360,8 @@ class ActivationRecorder:
     By default every leaf module is hooked except ``nn.Flatten`` and ``nn.Identity``;
     pass `types` to hook only some kinds (``types=(nn.ReLU,)``). With ``backward=True`` the
     forward hook also puts a gradient hook on each output tensor, which records the norm of
-    d loss / d output when ``backward()`` runs.
+    d loss / d output when ``backward()`` runs, for every layer and without a warning (a full
+    backward hook on a first layer whose input needs no gradient warns and gets ``None``).
     """
 
     def __init__(self, model: nn.Module, types: tuple[type, ...] | None = None, backward: bool = False) -> None:
@@ -401,9 +402,10 @@ class ActivationRecorder:
             )
             self._stats[name] = stats
             if self.backward and t.requires_grad:
-                # A hook on the output tensor sees d loss / d output during backward(). Unlike a
-                # module's full backward hook it also works for a first layer whose input needs
-                # no gradient, and it goes away with the tensor.
+                # A hook on the output tensor sees d loss / d output during backward(), and goes
+                # away with the tensor. A module's full backward hook on a first layer whose input
+                # needs no gradient also fires, but with grad_input all None and a UserWarning, and
+                # it routes the output through an extra autograd Function (no in-place op after it).
                 t.register_hook(self._grad_hook(stats))
 
         return hook

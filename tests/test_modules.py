@@ -1,5 +1,6 @@
 """Unit tests for course_utils.modules (chapter 02) and the chapter's exercises."""
 
+import warnings
 from collections import OrderedDict
 
 import matplotlib
@@ -196,6 +197,28 @@ def test_activation_recorder_records_and_removes():
     assert rec.stats[2].grad_norm == pytest.approx((2 * out / out.numel()).norm().item(), rel=1e-5)
     assert all(s.grad_norm is not None for s in rec.stats)
     assert "grad norm" in cm.format_stats(rec.stats)
+
+
+def test_first_layer_full_backward_hook_fires_with_none_but_the_recorder_does_not_warn():
+    """What chapter 02 teaches: when no input needs a gradient, a full backward hook on the first
+    layer still fires, with grad_input all None and a UserWarning; the recorder's tensor hook sees
+    the same d loss / d output, without a warning."""
+    torch.manual_seed(0)
+    model = MLP(8, 16, 3)
+    x = torch.randn(32, 8)  # like a batch of images: requires_grad is False
+    calls = []
+    handle = model.fc1.register_full_backward_hook(lambda m, gi, go: calls.append((gi, go[0].norm().item())))
+    with pytest.warns(UserWarning, match="no inputs require gradients"):
+        model(x).pow(2).mean().backward()
+    handle.remove()
+    assert len(calls) == 1 and calls[0][0] == (None,)
+    model.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cm.ActivationRecorder(model, backward=True) as rec:
+            model(x).pow(2).mean().backward()
+    assert rec.stats[0].name == "fc1"
+    assert rec.stats[0].grad_norm == pytest.approx(calls[0][1], rel=1e-6)
 
 
 def test_activation_stats_types_filter_and_no_grad():
