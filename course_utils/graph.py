@@ -6,19 +6,24 @@
     print(as_text(z, params={"x": x, "w": w, "b": b}))           # the same graph, as text
     backward_steps(z, params=...)                                # what backward() runs, in order
 
-`draw` renders with Graphviz when its ``dot`` program is on the PATH and otherwise with a
-small layered layout drawn by matplotlib, so it works on a laptop with no system package.
-Either way the result shows as a PNG in Jupyter and its plain-text form is the
-deterministic :func:`as_text` listing, so a notebook stores the same kinds of output with or
-without ``dot``. Huge graphs are drawn truncated (``max_nodes``) with a note saying so.
+The Graphviz picture is torchviz's: :func:`make_dot` is ``torchviz.make_dot`` (its DOT source
+needs no system package), and :func:`draw` adds what the course shows on top of it (names,
+values, the stepper's highlights) and renders it when Graphviz's ``dot`` program is on the PATH.
+Without ``dot`` it draws the same graph with a small layered layout in matplotlib, so it works
+on a laptop with no system package. Either way the result shows as a PNG in Jupyter and its
+plain-text form is the deterministic :func:`as_text` listing, so a notebook stores the same
+kinds of output with or without ``dot``. Huge graphs are drawn truncated (``max_nodes``), by the
+matplotlib layout, with a note saying so (torchviz draws whole graphs only).
 """
 
 from __future__ import annotations
 
 import html
 import io
+import re
 import shutil
 import subprocess
+import sys
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -39,7 +44,9 @@ __all__ = [
     "draw",
     "format_step",
     "has_dot",
+    "make_dot",
     "render_png",
+    "stable_dot",
     "step_view",
     "stepper_widget",
     "to_dot",
@@ -127,6 +134,9 @@ class Graph:
     truncated: bool = False
     show_values: bool = False
     _fns: list[Any] = field(default_factory=list, repr=False)  # node id -> autograd Node (or None)
+    show_saved: bool = False
+    _tensor: torch.Tensor | None = field(default=None, repr=False)  # what torchviz draws from
+    _params: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def edges(self) -> list[tuple[int, int, str]]:
@@ -259,7 +269,8 @@ def build_graph(
         val, grad = values(tensor)
         node = GraphNode(0, kind, "AccumulateGrad" if kind == "leaf" else "", root_name,
                          tuple(tensor.shape), val, grad, is_root=True)
-        return Graph([node], root_name, 1, show_values=show_values, _fns=[None])
+        return Graph([node], root_name, 1, show_values=show_values, _fns=[None], show_saved=show_saved,
+                     _tensor=tensor, _params=params)
 
     total, capped = count_nodes(tensor)
     nodes: list[GraphNode] = []
@@ -334,7 +345,7 @@ def build_graph(
         fns.append(None)
         for me in truncated_at:
             nodes[me].inputs.append(more.id)
-    return Graph(nodes, root_name, total, capped, truncated, show_values, fns)
+    return Graph(nodes, root_name, total, capped, truncated, show_values, fns, show_saved, tensor, params)
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,14 +442,45 @@ def _title(g: Graph, title: str | None) -> str:
     return f"{t}\n({g.note})"
 
 
-def _dot_escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"')
-
-
 def _fill(n: GraphNode) -> str:
     if n.kind == "op":
         return _COLORS["root"] if n.is_root else _COLORS["op"]
     return _COLORS[n.kind]
+
+
+def make_dot(
+    tensor: torch.Tensor,
+    params: Mapping[str, torch.Tensor] | None = None,
+    *,
+    show_saved: bool = False,
+) -> Any:
+    """``torchviz.make_dot(tensor, params, show_saved=...)``: a ``graphviz.Digraph`` of the graph.
+
+    Building it needs no ``dot`` program (``.source`` is the DOT text); rendering it does. This
+    wrapper only hides the deprecation warning torchviz 0.0.3 triggers on every call (its
+    version check), and lets it walk deep graphs (it recurses once per node).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(Version classes|package) (are|is) deprecated",
+                                category=DeprecationWarning)
+        import torchviz
+
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 2 * count_nodes(tensor)[0] + 1000))
+        try:
+            return torchviz.make_dot(tensor, params=dict(params or {}), show_saved=show_saved)
+        finally:
+            sys.setrecursionlimit(limit)
+
+
+_DOT_ID = re.compile(r"(?m)(^\t|-> )(\d+)\b")
+
+
+def stable_dot(source: str) -> str:
+    """DOT source with torchviz's node names, the Python ``id()`` of each object (new on every run),
+    renamed ``n0``, ``n1``, ... in order of first appearance: the same graph gives the same text."""
+    names: dict[str, str] = {}
+    return _DOT_ID.sub(lambda m: m.group(1) + names.setdefault(m.group(2), f"n{len(names)}"), source)
 
 
 def to_dot(
@@ -448,38 +490,33 @@ def to_dot(
     highlight: int | None = None,
     edge_labels: Mapping[tuple[int, int], str] | None = None,
 ) -> str:
-    """Graphviz DOT source for `graph` (deterministic; needs no ``dot`` program to build)."""
-    edge_labels = dict(edge_labels or {})
-    rankdir = _direction(graph)
-    graph_label = "\\n".join(_dot_escape(t) for t in _title(graph, title).splitlines())
-    lines = [
-        "digraph autograd {",
-        f'  graph [rankdir={rankdir}, label="{graph_label}", labelloc=t, '
-        'fontname="Helvetica", fontsize=12, nodesep=0.25, ranksep=0.35, pad=0.2];',
-        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, '
-        'color="#555555", margin="0.12,0.05"];',
-        f'  edge [color="{_COLORS["edge"]}", arrowsize=0.7, fontname="Helvetica", fontsize=9];',
-    ]
-    for n in graph.nodes:
-        label = "\\n".join(_dot_escape(s) for s in n.lines(graph.show_values))
-        attrs = [f'label="{label}"', f'fillcolor="{_fill(n)}"']
-        if n.kind == "more":
-            attrs.append('style="rounded,dashed"')
-        if n.id == highlight:
-            attrs += [f'fillcolor="{_COLORS["highlight"]}"', f'color="{_COLORS["hot"]}"', "penwidth=3"]
-        lines.append(f"  n{n.id} [{', '.join(attrs)}];")
-    for src, dst, kind in graph.edges:
-        attrs = []
-        if kind == "saved":
-            attrs += ["style=dashed", f'color="{_COLORS["saved_edge"]}"', "arrowhead=none"]
-        elif kind == "more":
-            attrs.append("style=dotted")
-        if (src, dst) in edge_labels:
-            attrs += [f'label=" {_dot_escape(edge_labels[(src, dst)])} "', f'color="{_COLORS["hot"]}"',
-                      f'fontcolor="{_COLORS["hot"]}"', "penwidth=2.2", "dir=back"]
-        lines.append(f"  n{src} -> n{dst}" + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    """The DOT source that :func:`draw` renders with Graphviz: torchviz's graph of `graph`'s tensor,
+    with the course's labels (names, values), a title, the highlighted node and the labelled edges
+    of a backward step. Deterministic (:func:`stable_dot`); needs no ``dot`` program.
+    """
+    if graph._tensor is None or graph.truncated:
+        raise ValueError(
+            f"torchviz draws whole graphs, and this one has {graph.note.split(';')[0]}: draw it with "
+            "engine='matplotlib' (which draws the nodes nearest the output), or raise max_nodes.")
+    dot = make_dot(graph._tensor, graph._params, show_saved=graph.show_saved)
+    name = {n.id: str(id(fn)) for n, fn in zip(graph.nodes, graph._fns, strict=True) if fn is not None}
+    for n, fn in zip(graph.nodes, graph._fns, strict=True):
+        if fn is None:
+            continue
+        label = "\n".join(n.lines(graph.show_values))
+        if n.kind == "leaf":  # torchviz draws the leaf tensor, then its AccumulateGrad node
+            dot.node(str(id(fn.variable)), label=label)
+        elif n.name or graph.show_values:
+            dot.node(name[n.id], label=label)
+    dot.graph_attr.update(rankdir=_direction(graph), label=_title(graph, title), labelloc="t")
+    if highlight is not None and highlight in name:
+        dot.node(name[highlight], fillcolor=_COLORS["highlight"], color=_COLORS["hot"], penwidth="3")
+    for (src, dst), text in dict(edge_labels or {}).items():  # the gradient flows back: dir=back
+        plain = f"\t{name[src]} -> {name[dst]}\n"
+        attrs = (f'[label=" {text} " color="{_COLORS["hot"]}" fontcolor="{_COLORS["hot"]}" '
+                 f"penwidth=2.2 dir=back]")
+        dot.body = [f"\t{name[src]} -> {name[dst]} {attrs}\n" if line == plain else line for line in dot.body]
+    return stable_dot(dot.source)
 
 
 def _render_graphviz(dot_source: str, dot: str | None = None) -> bytes:
@@ -653,6 +690,40 @@ def _render_matplotlib(
     return buf.getvalue()
 
 
+def _render(
+    graph: Graph,
+    engine: str = "auto",
+    title: str | None = None,
+    highlight: int | None = None,
+    edge_labels: Mapping[tuple[int, int], str] | None = None,
+) -> tuple[bytes, str, str | None]:
+    """``(png, engine used, DOT source or None)``: torchviz + ``dot`` where they can, else matplotlib."""
+    if engine not in ("auto", "graphviz", "matplotlib"):
+        raise ValueError(f"engine must be 'auto', 'graphviz' or 'matplotlib', not {engine!r}.")
+    if engine == "graphviz" and not has_dot():
+        raise FileNotFoundError(
+            "engine='graphviz' needs Graphviz's `dot` program, which is not on the PATH. "
+            "Install Graphviz (e.g. `apt-get install graphviz`, `brew install graphviz`, "
+            "`conda install graphviz`) or use engine='auto' to draw with matplotlib instead.")
+    src = None
+    if engine == "graphviz" or not (graph.truncated or graph._tensor is None):
+        try:
+            src = to_dot(graph, title=title, highlight=highlight, edge_labels=edge_labels)
+        except RuntimeError:  # torchviz reads saved tensors, which an earlier backward() freed
+            if engine == "graphviz":
+                raise
+    if src is not None and engine in ("auto", "graphviz") and has_dot():
+        try:
+            return _render_graphviz(src), "graphviz", src
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            if engine == "graphviz":
+                raise
+            warnings.warn(f"Graphviz could not draw the graph ({exc}); drawing with matplotlib instead.",
+                          stacklevel=4)
+    png = _render_matplotlib(graph, title=title, highlight=highlight, edge_labels=edge_labels)
+    return png, "matplotlib", src
+
+
 def render_png(
     graph: Graph,
     *,
@@ -661,34 +732,24 @@ def render_png(
     highlight: int | None = None,
     edge_labels: Mapping[tuple[int, int], str] | None = None,
 ) -> tuple[bytes, str]:
-    """PNG bytes of `graph` and the engine that drew it (``"graphviz"`` or ``"matplotlib"``)."""
-    if engine not in ("auto", "graphviz", "matplotlib"):
-        raise ValueError(f"engine must be 'auto', 'graphviz' or 'matplotlib', not {engine!r}.")
-    if engine == "graphviz" and not has_dot():
-        raise FileNotFoundError(
-            "engine='graphviz' needs Graphviz's `dot` program, which is not on the PATH. "
-            "Install Graphviz (e.g. `apt-get install graphviz`, `brew install graphviz`, "
-            "`conda install graphviz`) or use engine='auto' to draw with matplotlib instead.")
-    if engine in ("auto", "graphviz") and has_dot():
-        src = to_dot(graph, title=title, highlight=highlight, edge_labels=edge_labels)
-        try:
-            return _render_graphviz(src), "graphviz"
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            if engine == "graphviz":
-                raise
-            warnings.warn(f"Graphviz could not draw the graph ({exc}); drawing with matplotlib instead.",
-                          stacklevel=3)
-    return _render_matplotlib(graph, title=title, highlight=highlight, edge_labels=edge_labels), "matplotlib"
+    """PNG bytes of `graph` and the engine that drew it (``"graphviz"`` or ``"matplotlib"``).
+
+    Graphviz draws torchviz's graph (:func:`to_dot`) when ``dot`` is installed and the graph is
+    whole; matplotlib draws the rest, truncated graphs included.
+    """
+    png, used, _ = _render(graph, engine, title, highlight, edge_labels)
+    return png, used
 
 
 class GraphDrawing:
     """A drawn graph. Jupyter shows the PNG; its text form (``repr``) is the :func:`as_text` listing.
 
     Attributes: ``png`` (bytes), ``engine`` (which renderer drew it), ``text``, ``graph``,
-    ``dot_source`` (Graphviz source, available even without the ``dot`` program).
+    ``dot_source`` (torchviz's DOT source as :func:`to_dot` makes it, available even without the
+    ``dot`` program; None for a truncated graph, which torchviz cannot draw in part).
     """
 
-    def __init__(self, graph: Graph, png: bytes, engine: str, text: str, dot_source: str) -> None:
+    def __init__(self, graph: Graph, png: bytes, engine: str, text: str, dot_source: str | None) -> None:
         self.graph, self.png, self.engine, self.text, self.dot_source = graph, png, engine, text, dot_source
 
     def _repr_png_(self) -> bytes:
@@ -720,13 +781,13 @@ def draw(
     show_values: print data (and ``.grad`` where there is one) on small tensors' boxes.
     show_saved: add the tensors each op saved for backward (orange, dashed).
     max_nodes: draw at most this many nodes; a note says how many were left out.
-    engine: ``"auto"`` (Graphviz if ``dot`` is installed, else matplotlib), ``"graphviz"``
-        or ``"matplotlib"``.
+    engine: ``"auto"`` (torchviz's graph rendered by Graphviz if ``dot`` is installed, else
+        matplotlib; truncated graphs always by matplotlib), ``"graphviz"`` or ``"matplotlib"``.
     highlight: the id (``#n`` in the text form) of a node to highlight.
     """
     g = build_graph(tensor, params, show_values=show_values, show_saved=show_saved, max_nodes=max_nodes)
-    png, used = render_png(g, engine=engine, title=title, highlight=highlight)
-    return GraphDrawing(g, png, used, _graph_text(g), to_dot(g, title=title, highlight=highlight))
+    png, used, src = _render(g, engine, title, highlight)
+    return GraphDrawing(g, png, used, _graph_text(g), src)
 
 
 # --------------------------------------------------------------------------------------------
@@ -883,10 +944,8 @@ def _render_step(graph: Graph, steps: Sequence[Step], index: int, engine: str = 
         graph = _graph_at_step(graph, steps, index)
     title = f"backward pass of {graph.root_name}, step {index + 1} of {len(steps)}"
     labels = _edge_labels(step)
-    png, used = render_png(graph, engine=engine, title=title, highlight=step.node, edge_labels=labels)
-    text = format_step(step, graph, len(steps))
-    return GraphDrawing(graph, png, used, text,
-                        to_dot(graph, title=title, highlight=step.node, edge_labels=labels))
+    png, used, src = _render(graph, engine, title, step.node, labels)
+    return GraphDrawing(graph, png, used, format_step(step, graph, len(steps)), src)
 
 
 def step_view(

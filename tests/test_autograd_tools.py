@@ -152,3 +152,20 @@ def test_function_stubs_read_not_attempted():
     assert ch01.q2.check(Stub).status == "not_attempted"
     assert ch01.q3.check(stub).status == "not_attempted"
     assert ch01.q4.check(stub).status == "not_attempted"
+    assert ch01.q5.check(stub).status == "not_attempted"
+
+
+def test_backward_walk_matches_autograd_and_leaves_the_graph_alone():
+    x, w, b = (torch.tensor([v], requires_grad=True) for v in (2.0, 3.0, 1.0))
+    out = torch.sigmoid(w * x + b) * w  # w is reached by two paths: its gradients add up
+    grads = ch01.backward_walk(out)
+    assert {id(k) for k in grads} == {id(x), id(w), id(b)}
+    assert all(t.grad is None for t in (x, w, b))  # nothing was accumulated into .grad
+    expected = torch.autograd.grad(out, (x, w, b))  # the graph is still whole: autograd can run on it
+    for leaf, g in zip((x, w, b), expected, strict=True):
+        assert torch.allclose(grads[leaf], g)
+
+
+def test_q5_tells_a_walk_from_autograd_itself():
+    assert "autograd itself" in ch01.q5.check(lambda out: dict(zip(*ch01._autograd_grads(out), strict=True))).message
+    assert "filled the leaves' .grad" in ch01.q5.check(ch01._mistake_backward).message

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -160,25 +162,70 @@ def test_drawing_10000_nodes_takes_under_a_second(no_dot):
 # ------------------------------------------------------------------ DOT source and both renderers
 
 
-def test_dot_source_is_deterministic_and_complete():
+def test_make_dot_is_torchviz_and_quiet():
+    import graphviz
+    import torchviz
+
+    _, _, _, _, z, params = sigmoid_example()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torchviz's own deprecation warning must not reach a notebook
+        dot = G.make_dot(z, params)
+    assert isinstance(dot, graphviz.Digraph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dot.source == torchviz.make_dot(z, params=params).source
+
+
+def test_stable_dot_renames_the_ids_that_change_every_run():
+    sources = []
+    for _ in range(2):
+        _, _, _, _, z, params = sigmoid_example()
+        sources.append(G.make_dot(z, {"x": params["x"]}).source)
+    assert sources[0] != sources[1]  # torchviz names nodes by id()
+    stable = [G.stable_dot(s) for s in sources]
+    assert stable[0] == stable[1]
+    declared = set(re.findall(r"(?m)^\t(n\d+) \[", stable[0]))
+    used = {n for pair in re.findall(r"(n\d+) -> (n\d+)", stable[0]) for n in pair}
+    assert declared == used == {f"n{i}" for i in range(len(declared))}  # 6 nodes, 3 leaf tensors, z
+    assert len(declared) == 10
+    assert not re.search(r"\d{5,}", stable[0])
+
+
+def test_deep_graphs_do_not_overflow_torchvizs_recursion():
+    limit = sys.getrecursionlimit()
+    src = G.make_dot(chain(3 * limit)).source
+    assert src.count("MulBackward0") == 3 * limit and sys.getrecursionlimit() == limit
+
+
+def test_dot_source_is_torchvizs_graph_with_the_course_labels():
     _, _, _, _, z, params = sigmoid_example()
     g = G.build_graph(z, params, show_saved=True)
     src = G.to_dot(g, highlight=2, edge_labels={(4, 2): "0.00182"})
     assert src == G.to_dot(G.build_graph(z, params, show_saved=True), highlight=2,
                            edge_labels={(4, 2): "0.00182"})
-    assert src.startswith("digraph autograd {") and src.rstrip().endswith("}")
-    assert 'rankdir=LR' in src and 'label="autograd graph of z\\n(6 nodes)"' in src
-    assert 'n0 [label="SigmoidBackward0\\n-> z (1,)", fillcolor="#c9f0d1"];' in src
-    assert 'n4 [label="w (1,)", fillcolor="#cfe2ff"];' in src
-    assert "n2 [" in src and "penwidth=3" in src.split("n2 [", 1)[1].split("\n", 1)[0]
-    assert 'n4 -> n2 [label=" 0.00182 "' in src
-    assert "n6 -> n0 [style=dashed" in src
-    assert src.count(" -> ") == len(g.edges)
+    assert src.startswith("digraph {") and src.rstrip().endswith("}")
+    assert "rankdir=LR" in src and 'label="autograd graph of z\n(6 nodes)"' in src
+    assert "fillcolor=lightblue" in src and "fillcolor=darkolivegreen1" in src  # torchviz's colours
+    assert src.count("AccumulateGrad") == 3 and "fillcolor=orange" in src  # saved tensors
+    assert 'label="SigmoidBackward0\n-> z (1,)"' in src and 'label="w (1,)"' in src
+    mul = re.search(r"(?m)^\t(n\d+) \[label=MulBackward0\]", src).group(1)
+    assert re.search(rf'(?m)^\t{mul} \[color="#d62728" fillcolor="#fff3a3" penwidth=3\]$', src)
+    assert re.search(rf'-> {mul} \[label=" 0.00182 " .*dir=back\]', src)
 
 
 def test_dot_labels_are_escaped():
-    g = G.Graph([G.GraphNode(0, "leaf", "AccumulateGrad", 'a"b\\c', (1,))], 'a"b\\c', 1)
-    assert 'label="a\\"b\\\\c (1,)"' in G.to_dot(g)
+    leaf = torch.ones(1, requires_grad=True)
+    src = G.to_dot(G.build_graph(leaf * 2, {'a"b': leaf}))
+    assert 'label="a\\"b (1,)"' in src
+
+
+def test_truncated_graphs_have_no_dot_source_and_draw_with_matplotlib(fake_dot):
+    big = chain(100)
+    d = G.draw(big)
+    assert d.graph.truncated and d.engine == "matplotlib" and d.dot_source is None
+    with pytest.raises(ValueError, match="torchviz draws whole graphs"):
+        G.draw(big, engine="graphviz")
+    assert G.draw(big, max_nodes=200).engine == "graphviz"
 
 
 def test_long_graphs_run_top_to_bottom():

@@ -1,11 +1,11 @@
 """Chapter 01 (autograd): gradients that accumulate, a custom backward, a Hessian-vector
-product with ``create_graph=True``, and finite differences."""
+product with ``create_graph=True``, finite differences, and the backward pass walked by hand."""
 
 from __future__ import annotations
 
 import torch
 
-from .core import Exercise, as_number, as_tensor
+from .core import Exercise, Incorrect, as_number, as_tensor, kind, take
 
 
 def answer_q1():
@@ -191,4 +191,162 @@ q4 = Exercise(
     },
 )
 
-EXERCISES = [q1, q2, q3, q4]
+
+
+def backward_walk(out):
+    grads = {}  # leaf tensor -> d out / d leaf
+
+    def visit(node, grad):
+        if node is None:  # an input that needs no gradient
+            return
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf. Add: a leaf may be reached twice
+            leaf = node.variable
+            grads[leaf] = grads[leaf] + grad if leaf in grads else grad
+            return
+        sent = node(grad)  # the node's own backward: grad times its local derivatives
+        if isinstance(sent, torch.Tensor):  # a node with one input returns a tensor, not a tuple
+            sent = (sent,)
+        for (next_node, _), g in zip(node.next_functions, sent, strict=True):
+            visit(next_node, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _case_q5(x, w, b, x_grad=True, also_times_w=False):
+    """Build the chapter's graph: out = sigmoid(w * x + b), optionally times w (w used twice)."""
+    x = torch.tensor(x, requires_grad=x_grad)
+    w, b = torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)
+    out = torch.sigmoid(w * x + b)
+    if also_times_w:
+        out = out * w
+    if out.numel() > 1:
+        out = out.sum()
+    leaves = {"x": x, "w": w, "b": b} if x_grad else {"w": w, "b": b}
+    formula = "sigmoid(w*x + b)" + (" * w" if also_times_w else "") + (".sum()" if x.numel() > 1 else "")
+    return out, leaves, formula, {"x": x.tolist(), "w": w.tolist(), "b": b.tolist()}
+
+
+def _cases_q5():
+    return [_case_q5([2.0], [3.0], [1.0]), _case_q5([-1.5], [0.5], [0.3]),
+            _case_q5([0.5], [-2.0], [1.0], also_times_w=True),
+            _case_q5([1.0, -2.0], [0.7, 0.2], [0.1, -0.4], x_grad=False)]
+
+
+def _graph_state(out, leaves):
+    """What a walk left behind: backward() fills the leaves' .grad, autograd.grad frees saved tensors."""
+    if any(leaf.grad is not None for leaf in leaves.values()):
+        return "filled the leaves' .grad"
+    stack = [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        for attr in (a for a in dir(node) if a.startswith("_saved_")):
+            try:
+                getattr(node, attr)
+            except RuntimeError:
+                return "freed the graph's saved tensors"
+        stack += [nxt for nxt, _ in node.next_functions if nxt is not None and not hasattr(nxt, "variable")]
+    return "left the graph and the leaves as they were"
+
+
+def _observe_q5(fn, case):
+    out, leaves, _, _ = case
+    grads = fn(out)
+    if not isinstance(grads, dict):
+        raise Incorrect(f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}.")
+    yield "what your function did to the graph", _graph_state(out, leaves)
+    for name, leaf in leaves.items():
+        if leaf not in grads:
+            keys = take(grads.keys(), 3)
+            if keys and all(isinstance(k, torch.Tensor) for k in keys):
+                raise Incorrect(f"the dict has no entry for the leaf {name}: your walk did not reach it. Follow "
+                                "every entry of node.next_functions, down to the AccumulateGrad nodes.")
+            raise Incorrect(f"the dict has no entry for the leaf {name}: its keys should be the leaf tensors "
+                            "themselves (an AccumulateGrad node's .variable); "
+                            + (f"its keys are: {', '.join(kind(k) for k in keys)}." if keys else "it is empty."))
+        yield f"the gradient for {name}", as_tensor(grads[leaf], f"the gradient for {name}")
+
+
+def _leaves(out):
+    found, stack = [], [out.grad_fn]
+    while stack:
+        for nxt, _ in stack.pop().next_functions:
+            if nxt is not None and hasattr(nxt, "variable"):
+                if all(nxt.variable is not leaf for leaf in found):
+                    found.append(nxt.variable)
+            elif nxt is not None:
+                stack.append(nxt)
+    return found
+
+
+def _mistake_backward(out):
+    leaves = _leaves(out)
+    out.backward()
+    return {leaf: leaf.grad for leaf in leaves}
+
+
+def _autograd_grads(out):
+    leaves = _leaves(out)
+    return leaves, torch.autograd.grad(out, leaves)
+
+
+def _walk(out, combine=lambda old, new: old + new, local=None):
+    """A walk like backward_walk, with a mistake: how a leaf reached twice combines, or a local step."""
+    grads = {}
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            grads[node.variable] = combine(grads[node.variable], grad) if node.variable in grads else grad
+            return
+        sent = local(node, grad) if local else node(grad)
+        sent = (sent,) if isinstance(sent, torch.Tensor) else sent
+        for (nxt, _), g in zip(node.next_functions, sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _passes_grad_on(node, grad):
+    """Sends each input the incoming gradient unchanged: the local derivatives are forgotten."""
+    return tuple(grad if nxt is not None else None for nxt, _ in node.next_functions)
+
+
+q5 = Exercise(
+    name="Q5",
+    prompt=("Write backward_walk(out): the gradient of the scalar `out` with respect to each leaf that requires grad, "
+            "by walking out.grad_fn and next_functions yourself, without backward() or torch.autograd.grad. "
+            "Return a dict whose keys are the leaf tensors (an AccumulateGrad node's .variable) and whose values "
+            "are tensors shaped like them."),
+    model_answer=backward_walk,
+    cases=_cases_q5,
+    observe=_observe_q5,
+    describe=lambda c: f"for out = {c[2]} at {', '.join(f'{k} = {v}' for k, v in c[3].items())}",
+    hints=[
+        "Start with visit(out.grad_fn, torch.ones_like(out)). Calling a node, node(grad), runs its backward: it returns "
+        "one gradient per entry of node.next_functions (a lone tensor when there is one entry).",
+        "next_functions holds (node, index) pairs. Skip a None node (an input that needs no gradient); at an "
+        "AccumulateGrad node (it has .variable) add the gradient into your dict: a leaf reached by two paths "
+        "gets the sum.",
+        "Work under torch.no_grad() so that calling the nodes records nothing.",
+    ],
+    mistakes={
+        "the numbers are right, but your function filled the leaves' .grad: it called backward() (or an "
+        "AccumulateGrad node). Walk the nodes yourself and collect the gradients in the dict instead.": _mistake_backward,
+        "the numbers are right, but they come from autograd itself (the graph's saved tensors were freed, as "
+        "backward() and torch.autograd.grad do): walk the nodes yourself, calling node(grad) at each.":
+            lambda out: dict(zip(*_autograd_grads(out), strict=True)),
+        "a leaf reached by two paths (here w, in w*x and in the final * w) must get the sum of both gradients; "
+        "your dict keeps only the last one. Add, do not overwrite.": lambda out: _walk(out, lambda old, new: new),
+        "a leaf reached by two paths must get the sum of both gradients; your dict keeps only the first one.":
+            lambda out: _walk(out, lambda old, new: old),
+        "each node must multiply the incoming gradient by its local derivative (call node(grad)); passing the "
+        "incoming gradient on unchanged forgets the chain rule.": lambda out: _walk(out, local=_passes_grad_on),
+    },
+)
+
+EXERCISES = [q1, q2, q3, q4, q5]
