@@ -1,27 +1,35 @@
 #!/usr/bin/env python3
-"""DataLoader throughput on this machine: the table behind chapter 03's curve.
+"""DataLoader throughput against num_workers on this machine: the curve behind chapter 03.
 
-    python benchmarks/loader_throughput.py                  # the full grid (about a minute on 2 cores)
-    python benchmarks/loader_throughput.py --workers 0,2 --items 128   # a quick look
-    python benchmarks/loader_throughput.py --plot curve.png            # also save the curve
+    python benchmarks/loader_throughput.py                        # the curve, in steady state
+    python benchmarks/loader_throughput.py --workers 0,2 --repeats 3   # a quick look
+    python benchmarks/loader_throughput.py --plot curve.png       # also save the curve
+    python benchmarks/loader_throughput.py --grid                 # also persistent_workers x prefetch_factor
+    python benchmarks/loader_throughput.py --save-reference       # store the reference curve of chapter 03
 
-The data set is ``course_utils.loading.SyntheticImages``: JPEG images generated
-on the fly (deterministic per index), decoded, resized and normalised per item,
-so the work per item resembles a real image pipeline. Every configuration runs
-``--epochs`` epochs from a fresh loader; the clock includes starting the workers,
-which is what ``persistent_workers`` saves from the second epoch on. The grid:
-``num_workers`` in --workers; for each value above 0, ``persistent_workers``
-off and on, and each ``prefetch_factor`` in --prefetch. The "once" column checks
-that every epoch delivered every image exactly once.
+The data set is ``course_utils.loading.SyntheticImages``: JPEG images generated on the fly
+(deterministic per index), decoded, resized and normalised per item, so the work per item
+resembles a real image pipeline. The defaults are the notebook's settings, so that the two
+curves can be compared.
 
-Measure on an otherwise idle machine: when other programs keep the cores busy (the
-script prints the load average before and after), more worker processes simply win a
-larger share of the CPU from them, and the curve keeps rising past the core count.
+The curve is measured in steady state (``course_utils.loading.measure_steady``): for each
+``num_workers``, one warm-up epoch whose first batch gives the start-up time (reported on its
+own), then ``--repeats`` timed epochs with persistent workers; the table shows the median epoch
+and how much the repeats disagreed. The "once" column checks that every epoch delivered every
+image exactly once. ``--grid`` adds whole epochs, start-up included, for ``persistent_workers``
+off and on and each ``prefetch_factor`` in ``--prefetch``.
+
+Measure on an otherwise idle machine: when other programs keep the cores busy (load average
+above the number of cores; the script prints it before and after), more worker processes simply
+win a larger share of the CPU from them, and the curve keeps rising past the core count. So
+``--save-reference`` refuses to store a curve measured with a load above the core count, unless
+``--force`` is given; the stored file then says so (``"quiet": false``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import warnings
@@ -32,12 +40,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import torch  # noqa: E402
 
 from course_utils.loading import (  # noqa: E402
+    REFERENCE_PATH,
     LoaderRun,
+    SteadyRun,
     SyntheticImages,
+    busy_warning,
     cpu_cores,
-    cpu_load,
+    curve_summary,
     format_runs,
+    format_steady,
+    load_average,
+    measure_steady,
     measure_throughput,
+    reference_record,
 )
 
 
@@ -49,7 +64,7 @@ def _ints(text: str) -> list[int]:
 
 
 def grid(workers: list[int], prefetch: list[int]) -> list[tuple[int, bool, int | None]]:
-    """The configurations to measure: (num_workers, persistent_workers, prefetch_factor)."""
+    """The configurations of ``--grid``: (num_workers, persistent_workers, prefetch_factor)."""
     configs: list[tuple[int, bool, int | None]] = []
     for w in workers:
         if w == 0:
@@ -61,20 +76,29 @@ def grid(workers: list[int], prefetch: list[int]) -> list[tuple[int, bool, int |
     return configs
 
 
+def _load_text(load: float | None, cores: int) -> str:
+    return "no load average on this system" if load is None else f"load average {load:.2f} on {cores} cores"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=_ints, default=[0, 1, 2, 4, 8], help="num_workers values (default 0,1,2,4,8)")
-    parser.add_argument("--prefetch", type=_ints, default=[2, 4], help="prefetch_factor values (default 2,4)")
-    parser.add_argument("--items", type=int, default=256, help="images per epoch (default 256)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration (default 2)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--items", type=int, default=128, help="images per epoch (default 128, as in the notebook)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per setting, after a warm-up (default 5)")
+    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--size", type=int, default=256, help="side of the encoded JPEG (default 256)")
     parser.add_argument("--out-size", type=int, default=128, help="side after resizing (default 128)")
     parser.add_argument("--timeout", type=float, default=120.0, help="DataLoader timeout in seconds")
-    parser.add_argument("--plot", type=Path, help="also save the throughput curve to this PNG")
+    parser.add_argument("--plot", type=Path, help="also save the curve to this PNG")
+    parser.add_argument("--grid", action="store_true", help="also measure persistent_workers x prefetch_factor")
+    parser.add_argument("--prefetch", type=_ints, default=[2, 4], help="prefetch_factor values of --grid (default 2,4)")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration of --grid (default 2)")
+    parser.add_argument("--save-reference", nargs="?", const=REFERENCE_PATH, type=Path, metavar="JSON",
+                        help=f"store the curve as the notebook's reference (default {REFERENCE_PATH.relative_to(REFERENCE_PATH.parents[1])})")
+    parser.add_argument("--force", action="store_true", help="store a reference even when the machine is busy")
     args = parser.parse_args(argv)
-    if any(w < 0 for w in args.workers) or any(p < 1 for p in args.prefetch):
-        parser.error("num_workers must be >= 0 and prefetch_factor >= 1")
+    if any(w < 0 for w in args.workers) or any(p < 1 for p in args.prefetch) or args.repeats < 1:
+        parser.error("num_workers must be >= 0, prefetch_factor >= 1 and --repeats >= 1")
 
     ds = SyntheticImages(args.items, size=args.size, out_size=args.out_size)
     cores = cpu_cores()
@@ -84,49 +108,65 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"data: {args.items} synthetic JPEGs {args.size}x{args.size} -> decode, resize {args.out_size}x{args.out_size}, "
-        f"normalise; batch {args.batch_size}; {args.epochs} epochs per row"
+        f"normalise; batch {args.batch_size}; a warm-up epoch then {args.repeats} timed epochs per setting"
     )
     print(f"the source's rule 'num_workers = 2-4x cores' means {2 * cores}-{4 * cores} here")
-    print(f"before: {cpu_load() or 'no load average on this system'}\n", flush=True)
+    before = load_average()
+    print(f"before: {_load_text(before, cores)}", flush=True)
+    if args.save_reference and before is not None and before > cores and not args.force:
+        print(f"\nnot measuring a reference: {busy_warning(before, cores)}\n"
+              "Wait for an idle machine, or pass --force to store it anyway, labelled as busy.", file=sys.stderr)
+        return 2
+    print()
 
-    runs: list[LoaderRun] = []
+    runs: list[SteadyRun] = []
     with warnings.catch_warnings():
         # torch warns when num_workers exceeds the cores it counts; the table shows the effect instead
         warnings.filterwarnings("ignore", message="This DataLoader will create")
-        for w, persistent, pf in grid(args.workers, args.prefetch):
-            runs.append(
-                measure_throughput(
-                    ds, w, batch_size=args.batch_size, epochs=args.epochs,
-                    persistent_workers=persistent, prefetch_factor=pf, timeout=args.timeout,
-                )
-            )
-            print(format_runs(runs).splitlines()[-1] if len(runs) > 1 else format_runs(runs), flush=True)
+        for w in args.workers:
+            runs.append(measure_steady(ds, w, batch_size=args.batch_size, repeats=args.repeats, timeout=args.timeout))
+            table = format_steady(runs).splitlines()
+            print("\n".join(table if len(runs) == 1 else table[-1:]), flush=True)
+        grid_runs: list[LoaderRun] = []
+        if args.grid:
+            print(f"\nwhole epochs, start-up included ({args.epochs} per configuration):")
+            for w, persistent, pf in grid(args.workers, args.prefetch):
+                grid_runs.append(measure_throughput(ds, w, batch_size=args.batch_size, epochs=args.epochs,
+                                                    persistent_workers=persistent, prefetch_factor=pf, timeout=args.timeout))
+                table = format_runs(grid_runs).splitlines()
+                print("\n".join(table if len(grid_runs) == 1 else table[-1:]), flush=True)
 
-    print(f"after: {cpu_load() or 'no load average on this system'}")
-    print("\nsorted by images/s:")
-    print(format_runs(sorted(runs, key=lambda r: -r.items_per_s), baseline=runs[0].items_per_s if runs[0].num_workers == 0 else None))
-    best = max(runs, key=lambda r: r.items_per_s)
-    print(
-        f"\nbest: num_workers={best.num_workers}, persistent_workers={best.persistent_workers}, "
-        f"prefetch_factor={best.prefetch_factor} at {best.items_per_s:.1f} images/s ({cores} cores)."
-    )
+    after = load_average()
+    print(f"\nafter: {_load_text(after, cores)}\n")
+    print(curve_summary(runs, cores, max(x for x in (before, after, 0.0) if x is not None)))
+
+    status = 0 if all(r.each_item_once for r in runs) and all(r.each_item_once for r in grid_runs) else 1
+    if args.save_reference:
+        busy = any(x is not None and x > cores for x in (before, after))
+        if busy and not args.force:
+            print(f"\nnot stored: the load rose above {cores} during the run. Measure again on an idle machine, "
+                  "or pass --force.", file=sys.stderr)
+            return 2
+        settings = {"items": args.items, "size": args.size, "out_size": args.out_size, "batch_size": args.batch_size,
+                    "repeats": args.repeats, "warm_up_epochs": 1, "persistent_workers": True}
+        record = reference_record(runs, settings, before, after, busy=busy)
+        args.save_reference.parent.mkdir(parents=True, exist_ok=True)
+        args.save_reference.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"\nreference stored in {args.save_reference}" + (" (labelled as measured on a BUSY machine)" if busy else ""))
     if args.plot:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from course_utils.loading import plot_throughput
+        from course_utils.loading import load_reference, plot_curves
 
-        ax = None
-        for persistent in (False, True):
-            pf = args.prefetch[0]
-            curve = [r for r in runs if r.num_workers == 0 or (r.persistent_workers == persistent and r.prefetch_factor == pf)]
-            ax = plot_throughput(curve, cores, ax=ax, label=f"persistent_workers={persistent}, prefetch_factor={pf}",
-                                 marks=ax is None)
-        plt.savefig(args.plot, dpi=100, bbox_inches="tight")
+        ref = load_reference() if REFERENCE_PATH.exists() and not args.save_reference else None
+        fig = plot_curves(runs, cores, ref)
+        fig.savefig(args.plot, dpi=100, bbox_inches="tight")
+        plt.close(fig)
         print(f"curve saved to {args.plot}")
-    return 0 if all(r.each_item_once for r in runs) else 1
+    return status
 
 
 if __name__ == "__main__":

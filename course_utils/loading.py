@@ -14,17 +14,25 @@ Contents:
   worker yields the whole file) and :class:`ShardedDigitsStream` (the fix).
 - :class:`SyntheticImages`: a decode-heavy image set generated on the fly,
   deterministic per index, for throughput work.
-- :func:`measure_throughput`, :func:`format_runs`, :func:`plot_throughput`.
+- :func:`measure_steady`, :func:`format_steady`, :func:`curve_summary`,
+  :func:`plot_curves`, :func:`load_reference`: the ``num_workers`` curve, in steady
+  state, beside a reference curve stored in ``data/``; :func:`measure_throughput`,
+  :func:`format_runs`, :func:`plot_throughput`: whole epochs, start-up included.
+- :func:`training_seconds` and :class:`TinyNet`: the same with a model in the loop.
 - :func:`batch_view`, :func:`draw_batch_view`, :func:`batch_browser`: the batch
   browser widget and the plain functions behind it.
-- :func:`worker_init`: the ``worker_init_fn`` the course passes to every loader
-  that starts worker processes.
+- What ``worker_init_fn`` is for: :class:`WorkerState` (what PyTorch already set up
+  in a worker), :func:`reseed_rng` (a dataset's own generator), :class:`DigitRecords`
+  and :func:`open_per_worker` (a file handle per worker), :class:`Span` and
+  :func:`split_span` (a stream shared out between workers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -52,32 +60,53 @@ __all__ = [
     "BATCH_BROWSER_DEFAULTS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "REFERENCE_PATH",
     "SAMPLERS",
     "BatchView",
+    "DigitRecords",
     "ImageDataset",
     "LengthBucketBatchSampler",
     "LoaderRun",
     "NaiveDigitsStream",
     "PaddedBatch",
     "ShardedDigitsStream",
+    "Span",
+    "SteadyRun",
     "SyntheticImages",
+    "TinyNet",
     "ToySequences",
     "WithIndex",
+    "WorkerState",
     "batch_browser",
     "batch_view",
+    "busy_warning",
     "class_balanced_weights",
     "cpu_cores",
     "cpu_load",
+    "curve_summary",
     "delivery_counts",
+    "describe_reference",
     "draw_batch_view",
     "format_runs",
+    "format_seconds",
+    "format_steady",
+    "load_average",
+    "load_reference",
+    "measure_steady",
     "measure_throughput",
+    "one_main_thread",
+    "open_per_worker",
     "pad_collate",
+    "plot_curves",
     "plot_throughput",
+    "reference_record",
+    "reseed_rng",
+    "split_span",
     "tensor_stats",
     "to_tensor",
-    "worker_init",
+    "training_seconds",
     "worker_kwargs",
+    "write_digit_records",
     "write_digits_csv",
 ]
 
@@ -86,30 +115,177 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 # --------------------------------------------------------------------------- workers
-
-
-def worker_init(worker_id: int) -> None:
-    """``worker_init_fn`` for every multi-process loader in the course.
-
-    Limits the worker to one intra-op thread. A worker forked from a process that
-    already ran multi-threaded torch code inherits a copy of a thread pool whose
-    threads did not survive the fork; touching it can deadlock. One thread per
-    worker also stops N workers x M threads from fighting over the same cores.
-    """
-    torch.set_num_threads(1)
+#
+# What every DataLoader worker already gets from PyTorch, before any ``worker_init_fn`` runs
+# (``torch/utils/data/_utils/worker.py``, ``_worker_loop``): ``torch.set_num_threads(1)``;
+# ``torch.manual_seed(base_seed + worker_id)`` and ``random.seed`` with the same number; NumPy's
+# global generator seeded from ``(base_seed, worker_id)``. ``base_seed`` is drawn from the
+# loader's generator each time an iterator is made (each epoch). So a ``worker_init_fn`` is for
+# what PyTorch cannot know about: a generator object the dataset holds, a file or connection
+# each worker must open for itself, a share of a stream set up per worker.
 
 
 def worker_kwargs(num_workers: int, timeout: float = 60.0) -> dict[str, Any]:
     """``DataLoader`` keyword arguments for `num_workers` processes, the course's way.
 
-    With workers: a ``timeout`` (a stuck worker raises instead of hanging) and
-    :func:`worker_init`. Without: neither (``DataLoader`` requires ``timeout=0`` then).
+    With workers: a ``timeout`` (a stuck worker raises instead of hanging). Without: no
+    timeout (``DataLoader`` requires ``timeout=0`` then).
     """
     if num_workers < 0:
         raise ValueError("num_workers must be 0 (load in the main process) or more")
     if num_workers == 0:
         return {"num_workers": 0}
-    return {"num_workers": num_workers, "timeout": timeout, "worker_init_fn": worker_init}
+    return {"num_workers": num_workers, "timeout": timeout}
+
+
+class WorkerState(Dataset):
+    """Item ``i`` reports, from whichever process fetched it, what that process's random state gives.
+
+    ``(index, worker id or -1 in the main process, intra-op threads, torch.initial_seed(),
+    one draw from torch, random, NumPy's global generator, and self.rng)``. ``self.rng`` is a
+    NumPy ``Generator`` made in ``__init__``: every worker gets a copy of it, in the same state.
+    """
+
+    FIELDS = ("index", "worker", "threads", "torch seed", "torch.rand", "random", "np.random", "self.rng")
+
+    def __init__(self, n: int = 4, seed: int = 0) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> tuple[int, int, int, int, float, float, float, float]:
+        info = get_worker_info()
+        return (idx, -1 if info is None else info.id, torch.get_num_threads(), torch.initial_seed(),
+                torch.rand(()).item(), random.random(), float(np.random.random()), float(self.rng.random()))
+
+
+def reseed_rng(worker_id: int) -> None:
+    """``worker_init_fn``: give the dataset's own NumPy Generator (``dataset.rng``) this worker's seed.
+
+    PyTorch seeds torch, ``random`` and NumPy's global generator in every worker, but it cannot
+    know about a generator object the dataset made in ``__init__``: each worker starts with a copy
+    of it in the same state, so every worker would draw the same "random" numbers.
+    ``get_worker_info().seed`` differs per worker and per epoch.
+    """
+    info = get_worker_info()
+    if info is not None and hasattr(info.dataset, "rng"):
+        info.dataset.rng = np.random.default_rng(info.seed)
+
+
+RECORD_SIDE = 28
+
+
+def write_digit_records(path: Path | str, split: str = "train") -> int:
+    """Write a split of the course digits as fixed-size binary records: 1 label byte + 784 pixel bytes.
+
+    Fixed-size records can be read at any index with ``seek``: a stand-in for a large file, an
+    LMDB or HDF5 file, or a database, that a dataset reads from through an open handle.
+    """
+    from .data import image_paths
+
+    paths, labels = image_paths(split)
+    with open(path, "wb") as f:
+        for p, y in zip(paths, labels, strict=True):
+            f.write(bytes([int(y)]) + np.asarray(load_image(p), dtype=np.uint8).tobytes())
+    return len(paths)
+
+
+class DigitRecords(Dataset):
+    """Reads ``(image, label, who opened the handle)`` from a :func:`write_digit_records` file.
+
+    The file handle is opened on first use, not in ``__init__``, and left out of the pickle that
+    spawned workers receive (a handle cannot be pickled). Forked workers, though, inherit the
+    handle the main process opened, if it used the dataset: one file position shared by every
+    worker, so one worker's ``seek`` can move another's read. :func:`open_per_worker` as
+    ``worker_init_fn`` gives each worker a handle of its own, whatever the start method.
+    """
+
+    record = 1 + RECORD_SIDE * RECORD_SIDE
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.n = self.path.stat().st_size // self.record
+        self.file: Any = None
+        self.opened_by = "nobody"
+
+    def open(self) -> None:
+        """Open this process's own handle (and note which process it is)."""
+        info = get_worker_info()
+        self.file = open(self.path, "rb")  # kept open for the life of the process
+        self.opened_by = "main process" if info is None else f"worker {info.id}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "file": None, "opened_by": "nobody"}  # a handle cannot be pickled
+
+    def close(self) -> None:
+        """Close this process's handle, if it has one."""
+        if self.file is not None:
+            self.file.close()
+            self.file, self.opened_by = None, "nobody"
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, int, str]:
+        if not 0 <= idx < self.n:
+            raise IndexError(f"index {idx} is out of range for {self.n} records")
+        if self.file is None:
+            self.open()
+        self.file.seek(idx * self.record)
+        raw = self.file.read(self.record)
+        image = torch.frombuffer(bytearray(raw[1:]), dtype=torch.uint8).view(1, RECORD_SIDE, RECORD_SIDE)
+        return image.float() / 255.0, raw[0], self.opened_by
+
+
+def open_per_worker(worker_id: int) -> None:
+    """``worker_init_fn``: open the dataset's file handle in this worker, once (``dataset.open()``)."""
+    info = get_worker_info()
+    if info is not None and hasattr(info.dataset, "open"):
+        info.dataset.open()
+
+
+class Span(IterableDataset):
+    """Yields ``start, start + 1, ..., end - 1``. On its own, every worker would yield all of them:
+    :func:`split_span` as ``worker_init_fn`` narrows each worker's copy to a contiguous block."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end))
+
+
+def split_span(worker_id: int) -> None:
+    """``worker_init_fn``: give this worker's copy of a :class:`Span` its own contiguous block.
+
+    The pattern of PyTorch's documentation for ``IterableDataset``: ``get_worker_info()`` inside
+    the worker gives its id, the number of workers and its copy of the dataset.
+    """
+    info = get_worker_info()
+    span = info.dataset
+    per_worker = -(-(span.end - span.start) // info.num_workers)  # ceiling division
+    span.start = span.start + info.id * per_worker
+    span.end = min(span.start + per_worker, span.end)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (processes running or waiting for a CPU), or None where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_warning(load: float | None, cores: int) -> str:
+    """A warning when the machine is busy (load average above the core count), else ""."""
+    if load is None or load <= cores:
+        return ""
+    return (f"WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs "
+            "compete for the CPU, so these numbers measure that competition as much as the loader "
+            "(more worker processes simply win a larger share of the CPU). Measure again when the "
+            "machine is idle before drawing conclusions.")
 
 
 def cpu_load() -> str:
@@ -119,12 +295,11 @@ def cpu_load() -> str:
     processes win a larger share of it, and a throughput curve says more about the neighbours
     than about the loader.
     """
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+    load = load_average()
+    if load is None:
         return ""
     cores = cpu_cores()
-    busy = " (busy: other programs compete for the cores, numbers are not an idle machine's)" if load > 0.5 * cores else ""
+    busy = " (busy: more runnable processes than cores, numbers are not an idle machine's)" if load > cores else ""
     return f"load average {load:.1f} on {cores} cores{busy}"
 
 
@@ -134,6 +309,22 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no sched_getaffinity
         return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def one_main_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread in this process, then restore the setting.
+
+    Workers run with one thread (DataLoader sets it); measuring the main process with one too
+    keeps a loader comparison about processes, not about the main process's thread pool (whose
+    threads wait for a core, and slow every batch down, on a busy machine).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- map-style datasets
@@ -501,7 +692,8 @@ def measure_throughput(
     The clock includes starting the workers (that is what ``persistent_workers``
     saves from the second epoch on). Items come back with their index, so the
     run also records whether every epoch delivered every item exactly once.
-    Loaders with workers get ``timeout`` and :func:`worker_init`.
+    Loaders with workers get ``timeout``; the main process runs with one intra-op thread
+    (:func:`one_main_thread`), like the workers.
     """
     if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
         raise ValueError(
@@ -512,7 +704,6 @@ def measure_throughput(
     if num_workers > 0:
         extra = dict(
             timeout=timeout,
-            worker_init_fn=worker_init,
             persistent_workers=persistent_workers,
             prefetch_factor=prefetch_factor,
             multiprocessing_context=multiprocessing_context,
@@ -521,16 +712,257 @@ def measure_throughput(
     loader = DataLoader(wrapped, batch_size=batch_size, shuffle=False, num_workers=num_workers, **extra)
     n = len(wrapped)
     run = LoaderRun(num_workers, persistent_workers, prefetch_factor, batch_size, items=0)
-    for _ in range(epochs):
-        counts = torch.zeros(n, dtype=torch.int64)
-        t0 = time.perf_counter()
-        for idx, _item in loader:
-            counts[idx] += 1
-        run.epoch_seconds.append(time.perf_counter() - t0)
-        run.items += int(counts.sum())
-        run.each_item_once = run.each_item_once and bool((counts == 1).all())
+    with one_main_thread():
+        for _ in range(epochs):
+            counts = torch.zeros(n, dtype=torch.int64)
+            t0 = time.perf_counter()
+            for idx, _item in loader:
+                counts[idx] += 1
+            run.epoch_seconds.append(time.perf_counter() - t0)
+            run.items += int(counts.sum())
+            run.each_item_once = run.each_item_once and bool((counts == 1).all())
     del loader  # shuts persistent workers down
     return run
+
+
+@dataclass
+class SteadyRun:
+    """One ``num_workers`` setting measured in steady state.
+
+    ``first_batch_s``: from creating the first iterator (which starts the workers) to the first
+    batch: the start-up cost, paid once. ``epoch_seconds``: the timed epochs that followed a
+    warm-up epoch, with persistent workers (nothing left to start).
+    """
+
+    num_workers: int
+    batch_size: int
+    items: int  # per epoch
+    first_batch_s: float
+    epoch_seconds: list[float] = field(default_factory=list)
+    each_item_once: bool = True
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.epoch_seconds))
+
+    @property
+    def items_per_s(self) -> float:
+        """Images per second of the median epoch."""
+        return self.items / self.median_s if self.median_s > 0 else float("inf")
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest epoch) / median: how much the repeats disagree."""
+        return (max(self.epoch_seconds) - min(self.epoch_seconds)) / self.median_s if self.median_s > 0 else 0.0
+
+
+def measure_steady(
+    dataset: Dataset,
+    num_workers: int,
+    *,
+    batch_size: int = 16,
+    repeats: int = 3,
+    timeout: float = 120.0,
+    step: Callable[[Any], None] | None = None,
+) -> SteadyRun:
+    """Measure a loader in steady state: start-up separately, then the median of `repeats` epochs.
+
+    One warm-up epoch first (its first batch gives ``first_batch_s``), then `repeats` timed
+    epochs; workers are persistent, so the timed epochs start none. The main process runs with
+    one intra-op thread, like the workers. `step`, if given, is called on every batch (a training
+    step: the model in the loop). Every epoch must deliver every item exactly once.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    extra: dict[str, Any] = {}
+    if num_workers > 0:
+        extra = dict(timeout=timeout, persistent_workers=True)
+    wrapped = WithIndex(dataset)
+    n = len(wrapped)
+    loader = DataLoader(wrapped, batch_size=batch_size, shuffle=False, num_workers=num_workers, **extra)
+    run = SteadyRun(num_workers, batch_size, n, first_batch_s=0.0)
+    with one_main_thread():
+        for epoch in range(repeats + 1):
+            counts = torch.zeros(n, dtype=torch.int64)
+            t0 = time.perf_counter()
+            for k, (idx, item) in enumerate(loader):
+                if epoch == 0 and k == 0:
+                    run.first_batch_s = time.perf_counter() - t0
+                if step is not None:
+                    step(item)
+                counts[idx] += 1
+            if epoch > 0:
+                run.epoch_seconds.append(time.perf_counter() - t0)
+            run.each_item_once = run.each_item_once and bool((counts == 1).all())
+    del loader  # shuts the persistent workers down
+    return run
+
+
+def format_steady(runs: Sequence[SteadyRun]) -> str:
+    """A plain-text table: workers, start-up, median epoch, images/s, speed-up over 0 workers, spread."""
+    zero = [r.items_per_s for r in runs if r.num_workers == 0]
+    head = (f"{'workers':>7} {'1st batch s':>11} {'median epoch s':>14} {'images/s':>9} "
+            f"{'x vs 0':>7} {'spread':>7} {'once':>5}")
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        speed = f"{r.items_per_s / zero[0]:7.2f}" if zero else f"{'-':>7}"
+        lines.append(f"{r.num_workers:>7} {r.first_batch_s:11.3f} {r.median_s:14.3f} {r.items_per_s:9.1f} "
+                     f"{speed} {r.spread:7.0%} {'yes' if r.each_item_once else 'NO':>5}")
+    return "\n".join(lines)
+
+
+def curve_summary(runs: Sequence[SteadyRun], cores: int, load: float | None, tolerance: float = 0.05) -> str:
+    """What a measured curve says, in sentences computed from it (true whatever the numbers are)."""
+    best = max(runs, key=lambda r: r.items_per_s)
+    enough = min(r.num_workers for r in runs if r.items_per_s >= (1 - tolerance) * best.items_per_s)
+    zero = [r for r in runs if r.num_workers == 0]
+    gain = f", {best.items_per_s / zero[0].items_per_s:.2f}x the main process alone" if zero else ""
+    where = ("below" if best.num_workers < cores else "at" if best.num_workers == cores else "above")
+    lines = [
+        f"Fastest here: num_workers={best.num_workers} at {best.items_per_s:.1f} images/s{gain}; "
+        f"that is {where} this machine's {cores} cores.",
+        f"The smallest num_workers within {tolerance:.0%} of the fastest: {enough}.",
+    ]
+    noise = max(r.spread for r in runs)
+    lines.append(f"The repeats of one setting differed by up to {noise:.0%} of their median: "
+                 f"differences smaller than that are noise.")
+    slow_start = max(runs, key=lambda r: r.first_batch_s)
+    lines.append(f"Start-up: the first batch took up to {slow_start.first_batch_s:.3f} s "
+                 f"(num_workers={slow_start.num_workers}), paid once per loader with persistent workers.")
+    if where == "above":
+        lines.append("More workers than cores won here: check the load average; on a busy machine extra "
+                     "processes take CPU from the neighbours.")
+    warning = busy_warning(load, cores)
+    if warning:
+        lines.append(warning)
+    return "\n".join(lines)
+
+
+REFERENCE_PATH = Path(__file__).resolve().parent.parent / "data" / "loader_reference.json"
+
+
+def reference_record(runs: Sequence[SteadyRun], settings: dict[str, Any], load_before: float | None,
+                     load_after: float | None, busy: bool) -> dict[str, Any]:
+    """The JSON record of a reference curve: the machine, the load, the settings and the points."""
+    import datetime
+    import platform
+
+    return {
+        "what": "DataLoader steady-state throughput against num_workers (benchmarks/loader_throughput.py)",
+        "machine": {
+            "cores": cpu_cores(),
+            "processor": platform.processor() or platform.machine(),
+            "system": f"{platform.system()} {platform.machine()}",
+            "python": platform.python_version(),
+            "torch": torch.__version__.split("+")[0],
+            "load_average_before": None if load_before is None else round(load_before, 2),
+            "load_average_after": None if load_after is None else round(load_after, 2),
+            "quiet": not busy,
+            "date": datetime.date.today().isoformat(),
+        },
+        "settings": settings,
+        "points": [
+            {"num_workers": r.num_workers, "images_per_s": round(r.items_per_s, 1),
+             "first_batch_s": round(r.first_batch_s, 3), "epoch_seconds": [round(s, 4) for s in r.epoch_seconds]}
+            for r in runs
+        ],
+    }
+
+
+def load_reference(path: Path | str = REFERENCE_PATH) -> dict[str, Any]:
+    """The stored reference curve (see :func:`reference_record`)."""
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+def describe_reference(ref: dict[str, Any]) -> str:
+    """One line about the machine and conditions a reference curve was measured on."""
+    m = ref["machine"]
+    load = m.get("load_average_before")
+    state = "a quiet machine" if m.get("quiet") else "a BUSY machine (stored with --force: re-measure it on a quiet one)"
+    return (f"reference: {m['cores']} cores, {m['system']}, torch {m['torch']}, {m['date']}, "
+            f"load average {load} before the run: {state}")
+
+
+def plot_curves(runs: Sequence[SteadyRun], cores: int, reference: dict[str, Any] | None = None) -> Any:
+    """Two panels: images/s and speed-up over 0 workers against num_workers, this machine beside a reference."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_abs, ax_rel) = plt.subplots(1, 2, figsize=(11, 3.8))
+    curves = [(f"this machine ({cores} cores)", [r.num_workers for r in runs], [r.items_per_s for r in runs], cores)]
+    if reference is not None:
+        pts = reference["points"]
+        curves.append((f"reference ({reference['machine']['cores']} cores, load "
+                       f"{reference['machine'].get('load_average_before')})",
+                       [p["num_workers"] for p in pts], [p["images_per_s"] for p in pts], reference["machine"]["cores"]))
+    for k, (label, xs, ys, c) in enumerate(curves):
+        colour = f"C{k}"
+        ax_abs.plot(xs, ys, "o-", color=colour, label=label)
+        if 0 in xs:
+            base = ys[xs.index(0)]
+            ax_rel.plot(xs, [y / base for y in ys], "o-", color=colour, label=label)
+        for ax in (ax_abs, ax_rel):
+            ax.axvline(c, color=colour, ls="--", alpha=0.6)
+    ax_rel.axhline(1.0, color="0.5", lw=0.8)
+    ax_abs.set_ylabel("images per second (median epoch)")
+    ax_rel.set_ylabel("speed-up over num_workers=0")
+    ax_abs.set_title("Throughput (dashed: each machine's cores)")
+    ax_rel.set_title("Relative to loading in the main process")
+    for ax in (ax_abs, ax_rel):
+        ax.set_xlabel("num_workers")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+class TinyNet(torch.nn.Module):
+    """A tiny image classifier for "the model in the loop": pool to 16x16, one conv, one linear layer."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.pool = torch.nn.AdaptiveAvgPool2d(16)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8 * 16 * 16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(self.pool(x))).flatten(1))
+
+
+def training_seconds(
+    dataset: Dataset, worker_counts: Sequence[int], *, batch_size: int = 16, repeats: int = 3, timeout: float = 120.0
+) -> dict[int, list[float]]:
+    """``{num_workers: [seconds of each timed training epoch]}`` with :class:`TinyNet` trained in the loop.
+
+    Each setting: a warm-up epoch, then `repeats` timed epochs (persistent workers), every batch
+    a forward, backward and SGD step, so the workers compete with training for the cores.
+    """
+    out: dict[int, list[float]] = {}
+    for w in worker_counts:
+        torch.manual_seed(0)
+        model = TinyNet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step(batch: Any, model: TinyNet = model, opt: torch.optim.Optimizer = opt) -> None:
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(model(x), torch.as_tensor(y))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        out[w] = measure_steady(dataset, w, batch_size=batch_size, repeats=repeats, timeout=timeout, step=step).epoch_seconds
+    return out
+
+
+def format_seconds(seconds: dict[int, Sequence[float]]) -> str:
+    """``{num_workers: [epoch seconds]}`` as a small table with each setting's median."""
+    lines = [f"{'workers':>7}  {'median s':>8}  epochs s"]
+    for w in sorted(seconds):
+        times = list(seconds[w])
+        lines.append(f"{w:>7}  {float(np.median(times)):8.3f}  " + ", ".join(f"{t:.3f}" for t in times))
+    return "\n".join(lines)
 
 
 def format_runs(runs: Sequence[LoaderRun], baseline: float | None = None) -> str:

@@ -249,15 +249,17 @@ def load_splits(val_fraction: float = 0.1, seed: int = 0) -> Splits:
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: seed NumPy and ``random`` from the worker's torch seed; one thread.
+    """DataLoader ``worker_init_fn`` of the training script: NumPy and ``random`` reseeded from the worker's torch seed.
 
-    PyTorch seeds each worker's torch RNG (base seed + worker id) but not NumPy's or Python's;
-    one thread per worker avoids oversubscribing the cores (and the fork-after-OpenMP hang).
+    This restates what PyTorch's worker loop (``torch/utils/data/_utils/worker.py``) has already done
+    before it calls a ``worker_init_fn``: one intra-op thread, and torch, ``random`` and NumPy's global
+    generator seeded per worker and per epoch. The reseeding only swaps those seeds for others that
+    also differ per worker and per epoch; a plain ``DataLoader`` needs no ``worker_init_fn`` for this.
     """
-    s = torch.initial_seed() % 2**32
+    s = torch.initial_seed() % 2**32  # base seed + worker id, drawn anew each epoch
     np.random.seed(s)
     random.seed(s)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # already 1: DataLoader set it before calling this function
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:

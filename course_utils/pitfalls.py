@@ -858,17 +858,13 @@ def make_untrusted_checkpoint(folder: str | os.PathLike) -> tuple[Path, Path]:
 
 
 def loader_worker_init(worker_id: int) -> None:
-    """``worker_init_fn`` for DataLoaders started from a notebook: one thread per worker (a forked
-    worker can deadlock in the parent's thread pool) and the dataset's own NumPy Generator, if it
-    has one, reseeded from the worker's seed (different in every worker and every epoch)."""
-    torch.set_num_threads(1)
+    """``worker_init_fn`` that reseeds the dataset's own NumPy Generator, if it has one, from the
+    worker's seed (different in every worker and every epoch). DataLoader has already seeded torch,
+    ``random`` and NumPy's global generator in the worker, and given it one thread; it cannot know
+    about a Generator object that the dataset holds."""
     info = get_worker_info()
     if info is not None and hasattr(info.dataset, "rng"):
         info.dataset.rng = np.random.default_rng(info.seed)
-
-
-def _threads_only(worker_id: int) -> None:
-    torch.set_num_threads(1)
 
 
 class AugmentDataset(Dataset):
@@ -915,13 +911,13 @@ def worker_draws(reseed: bool, num_workers: int = 2, n: int = 8, epochs: int = 2
                  timeout: float = 60.0) -> WorkerDraws:
     """Load :class:`AugmentDataset` with `num_workers` workers for `epochs` epochs.
 
-    ``reseed=False`` uses a worker_init_fn that only limits threads; ``reseed=True`` uses
-    :func:`loader_worker_init`, which also reseeds the dataset's Generator per worker.
+    ``reseed=False`` uses no worker_init_fn; ``reseed=True`` uses :func:`loader_worker_init`, which
+    reseeds the dataset's Generator per worker.
     """
     torch.manual_seed(seed)
     ds = AugmentDataset(n, seed)
     loader = DataLoader(ds, batch_size=None, num_workers=num_workers, timeout=timeout,
-                        worker_init_fn=loader_worker_init if reseed else _threads_only)
+                        worker_init_fn=loader_worker_init if reseed else None)
     draws = np.stack([np.stack([t.numpy() for t in loader]) for _ in range(epochs)])
     return WorkerDraws(draws, num_workers)
 

@@ -1032,6 +1032,144 @@ SIMULATION = {
     ("ch06", "q1"): CH06_Q1, ("ch06", "q2"): CH06_Q2, ("ch06", "q3"): CH06_Q3, ("ch06", "q4"): CH06_Q4,
 }
 
+# ------------------------------------------------------------------------------ ch03 q5 (num_workers from epoch times)
+
+
+def _q5_rule(stat=lambda t: sorted(t)[len(t) // 2], tol=1.05, pick=min, keys=sorted, out=int):
+    def pick_num_workers(seconds):
+        medians = {w: stat(seconds[w]) for w in keys(seconds)}
+        best = min(medians.values())
+        within = [w for w, m in medians.items() if m <= tol * best]
+        return out(pick(within))
+
+    return pick_num_workers
+
+
+def _q5_in_place(seconds):
+    for times in seconds.values():
+        times.sort()
+    medians = {w: t[len(t) // 2] for w, t in seconds.items()}
+    return min(w for w, m in medians.items() if m / min(medians.values()) <= 1.05)
+
+
+CH03_Q5 = {
+    "right": {
+        "statistics.median": lambda: _q5_rule(stat=__import__("statistics").median),
+        "numpy median, numpy int": lambda: _q5_rule(stat=np.median, out=np.int64),
+        "torch median, a 0-d tensor": lambda: _q5_rule(stat=lambda t: torch.tensor(t).median().item(), out=torch.tensor),
+        "a float result": lambda: _q5_rule(out=float),
+        "sorts the lists in place, ratio test": lambda: _q5_in_place,
+        "first within, walking sorted keys": lambda: _q5_rule(pick=lambda within: within[0]),
+    },
+    "wrong": {
+        "the largest num_workers within 5%": lambda: _q5_rule(pick=max),
+        "10% instead of 5%": lambda: _q5_rule(tol=1.10),
+        "first within, in the dict's order": lambda: _q5_rule(keys=list, pick=lambda within: within[0]),
+        "never 0 workers": lambda: _q5_rule(keys=lambda s: sorted(w for w in s if w > 0)),
+        "the slowest epoch of each setting": lambda: _q5_rule(stat=max),
+        "returns the best median time": lambda: lambda seconds: min(sorted(t)[len(t) // 2] for t in seconds.values()),
+        "returns every candidate": lambda: _q5_rule(pick=lambda within: within, out=list),
+    },
+}
+SIMULATION[("ch03", "q5")] = CH03_Q5
+
+
+# ------------------------------------------------------------------------------ ch01, Q5: the backward pass walked by hand
+
+
+def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else None, skip_none=True,
+        sign=1.0, key=lambda leaf: leaf, first_input_only=False, grad_mode=False):
+    """A recursive walk of out.grad_fn (the simulated learners' answers vary its parts)."""
+
+    def backward_walk(out):
+        grads = {}
+
+        def visit(node, grad):
+            if node is None and skip_none:
+                return
+            leaf = leaf_of(node)
+            if leaf is not None:
+                k = key(leaf)
+                grads[k] = grads[k] + sign * grad if k in grads else sign * grad
+                return
+            sent = node(grad)
+            sent = (sent,) if isinstance(sent, torch.Tensor) else sent
+            pairs = list(zip(node.next_functions, sent, strict=True))
+            for (nxt, _), g in pairs[:1] if first_input_only else pairs:
+                visit(nxt, g)
+
+        with torch.set_grad_enabled(grad_mode):
+            visit(out.grad_fn, start * torch.ones_like(out))
+        return grads
+
+    return backward_walk
+
+
+def _bw_topological(out):
+    """Engine-style: order the nodes, then send each gradient once, summed over its consumers."""
+    order, seen = [], set()
+
+    def dfs(node):
+        if node is None or node in seen:
+            return
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            dfs(nxt)
+        order.append(node)
+
+    dfs(out.grad_fn)
+    incoming = {out.grad_fn: torch.ones_like(out)}
+    grads = {}
+    with torch.no_grad():
+        for node in reversed(order):
+            grad = incoming.pop(node)
+            if type(node).__name__ == "AccumulateGrad":
+                grads[node.variable] = grad
+                continue
+            sent = node(grad)
+            for (nxt, _), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if nxt is not None:
+                    incoming[nxt] = incoming[nxt] + g if nxt in incoming else g
+    return grads
+
+
+def _bw_stack(out):
+    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=."""
+    grads, stack = {}, [(out.grad_fn, torch.ones_like(out))]
+    with torch.no_grad():
+        while stack:
+            node, grad = stack.pop()
+            if node.name().endswith("AccumulateGrad"):
+                grads.setdefault(node.variable, torch.zeros_like(node.variable))
+                grads[node.variable] += grad
+                continue
+            sent = node(grad)
+            if not isinstance(sent, tuple):
+                sent = (sent,)
+            stack += [(nxt, g) for (nxt, _), g in zip(node.next_functions, sent, strict=True) if nxt is not None]
+    return grads
+
+
+CH01_Q5 = {
+    "right": {
+        "recursive, under no_grad": lambda: _bw(),
+        "recursive, grad mode on (the gradients carry a grad_fn)": lambda: _bw(grad_mode=True),
+        "engine order (topological), each node once": lambda: _bw_topological,
+        "an explicit stack, zeros_like then +=": lambda: _bw_stack,
+        "leaves found by type name": lambda: _bw(leaf_of=lambda n: n.variable if type(n).__name__ == "AccumulateGrad" else None),
+    },
+    "wrong": {
+        "starts from a zero gradient": lambda: _bw(start=0.0),
+        "starts from 2": lambda: _bw(start=2.0),
+        "signs flipped (a descent step, not a gradient)": lambda: _bw(sign=-1.0),
+        "keyed by id(leaf)": lambda: _bw(key=id),
+        "keyed by the AccumulateGrad node": lambda: _bw(leaf_of=lambda n: n if hasattr(n, "variable") else None),
+        "follows only the first input of each node": lambda: _bw(first_input_only=True),
+        "does not skip None inputs": lambda: _bw(skip_none=False),
+    },
+}
+SIMULATION[("ch01", "q5")] = CH01_Q5
+
 # ------------------------------------------------------------------------------ the simulation
 
 

@@ -173,7 +173,7 @@ def test_sharded_stream_across_ranks(digits_csv):
 @pytest.mark.slow
 def test_streams_with_real_workers(digits_csv):
     path, n = digits_csv
-    kw = dict(batch_size=64, num_workers=2, timeout=60, worker_init_fn=L.worker_init)
+    kw = dict(batch_size=64, num_workers=2, timeout=60)
     naive = torch.cat([b[0] for b in DataLoader(L.NaiveDigitsStream(path), **kw)])
     sharded = torch.cat([b[0] for b in DataLoader(L.ShardedDigitsStream(path), **kw)])
     assert L.delivery_counts(naive, n)["duplicated"] == n
@@ -232,14 +232,89 @@ def test_tensor_stats_is_deterministic_text():
     )
 
 
-def test_worker_init_sets_one_thread():
-    before = torch.get_num_threads()
-    try:
-        L.worker_init(0)
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
+def test_cpu_cores_and_one_main_thread():
     assert L.cpu_cores() >= 1
+    before = torch.get_num_threads()
+    with L.one_main_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_dataloader_itself_gives_workers_one_thread_and_seeds():
+    """The claims of chapter 03's worker section, checked in PyTorch's own worker loop (source and behaviour)."""
+    import inspect
+
+    from torch.utils.data._utils import worker
+
+    src = inspect.getsource(worker._worker_loop)
+    order = [src.index(s) for s in ("torch.set_num_threads(1)", "random.seed(seed)", "torch.manual_seed(seed)",
+                                    "np.random.seed(np_seed)", "init_fn(worker_id)")]
+    assert order == sorted(order)  # threads and seeds are set before the user's worker_init_fn runs
+
+
+@pytest.mark.slow
+def test_worker_state_and_reseed_rng():
+    def rows(init):
+        loader = DataLoader(L.WorkerState(n=4), batch_size=None, num_workers=2, timeout=60, worker_init_fn=init,
+                            generator=torch.Generator().manual_seed(0))
+        return [list(r) for _ in range(2) for r in loader]  # 2 epochs
+
+    plain = rows(None)
+    assert all(r[2] == 1 for r in plain)  # one thread in every worker, without any worker_init_fn
+    w0, w1 = plain[0], plain[1]
+    assert (w0[1], w1[1]) == (0, 1) and w1[3] == w0[3] + 1  # torch seed = base seed + worker id
+    assert len({r[4] for r in plain}) == len({r[5] for r in plain}) == len({r[6] for r in plain}) == 8
+    assert w0[7] == w1[7] and plain[0][7] == plain[4][7]  # the dataset's own Generator: copied, same draws
+    reseeded = rows(L.reseed_rng)
+    assert len({r[7] for r in reseeded}) == 8
+    assert [r[4] for r in reseeded] == [r[4] for r in plain]  # nothing else changed
+
+
+def test_digit_records(tmp_path):
+    path = tmp_path / "d.bin"
+    n = L.write_digit_records(path, "test")
+    records = L.DigitRecords(path)
+    assert len(records) == n == 359
+    x, y = __import__("course_utils.data", fromlist=["x"]).digits_tensors("test")
+    image, label, who = records[5]
+    assert torch.equal(image, x[5]) and label == int(y[5]) and who == "main process"
+    clone = pickle.loads(pickle.dumps(records))  # the handle stays behind
+    assert clone.file is None and clone.opened_by == "nobody"
+    assert torch.equal(clone[358][0], x[358])
+    records.close()
+    assert records.file is None
+    with pytest.raises(IndexError):
+        records[n]
+
+
+@pytest.mark.slow
+def test_open_per_worker(tmp_path):
+    path = tmp_path / "d.bin"
+    L.write_digit_records(path, "test")
+    records = L.DigitRecords(path)
+    records[0]  # the main process opens a handle first
+    loader = DataLoader(records, batch_size=4, sampler=range(32), num_workers=2, timeout=60,
+                        worker_init_fn=L.open_per_worker)
+    batches = list(loader)
+    assert Counter(w for _, _, who in batches for w in who) == {"worker 0": 16, "worker 1": 16}
+    records.close()
+
+
+def test_split_span_shares_a_stream():
+    from torch.utils.data._utils import worker as w
+
+    for n, k in ((10, 2), (10, 3), (11, 4), (3, 4)):
+        got = []
+        saved = w._worker_info
+        try:
+            for wid in range(k):
+                span = L.Span(0, n)
+                w._worker_info = w.WorkerInfo(id=wid, num_workers=k, seed=wid, dataset=span)
+                L.split_span(wid)
+                got += list(span)
+        finally:
+            w._worker_info = saved
+        assert sorted(got) == list(range(n)), (n, k)
 
 
 # ----------------------------------------------------------------- batch browser logic
@@ -313,7 +388,7 @@ def test_draw_batch_view_and_widget():
 def test_worker_kwargs():
     assert L.worker_kwargs(0) == {"num_workers": 0}
     kw = L.worker_kwargs(2, timeout=5)
-    assert kw == {"num_workers": 2, "timeout": 5, "worker_init_fn": L.worker_init}
+    assert kw == {"num_workers": 2, "timeout": 5}
     DataLoader(L._Range(3), **L.worker_kwargs(0))  # accepted as is
     with pytest.raises(ValueError):
         L.worker_kwargs(-1)
@@ -333,8 +408,12 @@ def test_cpu_load_line(monkeypatch):
     monkeypatch.setattr(L.os, "getloadavg", lambda: (0.1, 0.0, 0.0), raising=False)
     monkeypatch.setattr(L, "cpu_cores", lambda: 2)
     assert L.cpu_load() == "load average 0.1 on 2 cores"
+    monkeypatch.setattr(L.os, "getloadavg", lambda: (1.9, 0.0, 0.0), raising=False)
+    assert "busy" not in L.cpu_load() and L.load_average() == 1.9  # busy means more than the cores
     monkeypatch.setattr(L.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
     assert "busy" in L.cpu_load()
+    assert L.busy_warning(5.0, 2).startswith("WARNING: this machine is busy: load average 5.0 on 2 cores")
+    assert L.busy_warning(2.0, 2) == L.busy_warning(None, 2) == ""
 
 
 def test_plot_throughput_second_curve_without_marks():
@@ -349,3 +428,123 @@ def test_plot_throughput_second_curve_without_marks():
     labels = ax.get_legend_handles_labels()[1]
     assert sum("CPU cores" in s for s in labels) == 1 and "b" in labels
     plt.close("all")
+
+
+# ----------------------------------------------------------------- steady-state curve, reference, model in the loop
+
+
+def _steady(w, seconds, first=0.1, items=64):
+    return L.SteadyRun(w, 16, items, first_batch_s=first, epoch_seconds=list(seconds))
+
+
+def test_steady_run_median_and_table():
+    runs = [_steady(0, [1.0, 3.0, 1.2]), _steady(2, [0.5, 0.5, 0.6])]
+    assert runs[0].median_s == 1.2 and runs[0].items_per_s == pytest.approx(64 / 1.2)
+    assert runs[0].spread == pytest.approx((3.0 - 1.0) / 1.2)
+    table = L.format_steady(runs).splitlines()
+    assert table[0].split()[:3] == ["workers", "1st", "batch"]
+    assert table[-1].split()[0] == "2" and "2.40" in table[-1] and table[-1].endswith("yes")
+
+
+def test_curve_summary_reads_the_numbers():
+    runs = [_steady(0, [1.0] * 3), _steady(1, [0.6] * 3), _steady(2, [0.5] * 3), _steady(4, [0.49] * 3, first=0.7)]
+    text = L.curve_summary(runs, cores=2, load=0.3)
+    assert "Fastest here: num_workers=4" in text and "above this machine's 2 cores" in text
+    assert "The smallest num_workers within 5% of the fastest: 2." in text
+    assert "up to 0.700 s (num_workers=4)" in text and "WARNING" not in text
+    text = L.curve_summary(runs[:3], cores=2, load=9.0)
+    assert "num_workers=2" in text and "at this machine's 2 cores" in text and "WARNING: this machine is busy" in text
+    assert "below this machine's 4 cores" in L.curve_summary(runs[:3], cores=4, load=None)
+
+
+def test_measure_steady_in_process():
+    ds = L.SyntheticImages(24, size=32, out_size=16)
+    seen = []
+    run = L.measure_steady(ds, 0, batch_size=8, repeats=3, step=lambda batch: seen.append(len(batch[1])))
+    assert run.each_item_once and len(run.epoch_seconds) == 3 and run.first_batch_s > 0
+    assert seen == [8, 8, 8] * 4  # warm-up + 3 timed epochs, the step called on every batch
+    with pytest.raises(ValueError):
+        L.measure_steady(ds, 0, repeats=0)
+
+
+@pytest.mark.slow
+def test_measure_steady_with_workers_and_training_seconds():
+    ds = L.SyntheticImages(32, size=32, out_size=16)
+    run = L.measure_steady(ds, 2, batch_size=8, repeats=2, timeout=60)
+    assert run.each_item_once and len(run.epoch_seconds) == 2
+    seconds = L.training_seconds(ds, [0, 2], batch_size=8, repeats=3, timeout=60)
+    assert sorted(seconds) == [0, 2] and all(len(t) == 3 and min(t) > 0 for t in seconds.values())
+    table = L.format_seconds(seconds).splitlines()
+    assert table[0].split() == ["workers", "median", "s", "epochs", "s"] and len(table) == 3
+
+
+def test_tiny_net_learns_shapes():
+    out = L.TinyNet()(torch.zeros(2, 3, 128, 128))
+    assert out.shape == (2, 10)
+
+
+def test_reference_record_round_trip(tmp_path):
+    import json
+
+    runs = [_steady(0, [1.0, 1.1, 0.9]), _steady(2, [0.5, 0.4, 0.6])]
+    rec = L.reference_record(runs, {"items": 64}, 0.5, 0.7, busy=False)
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps(rec))
+    ref = L.load_reference(path)
+    assert ref["machine"]["quiet"] is True and ref["machine"]["cores"] == L.cpu_cores()
+    assert [p["num_workers"] for p in ref["points"]] == [0, 2] and ref["points"][1]["images_per_s"] == 128.0
+    assert "a quiet machine" in L.describe_reference(ref)
+    assert "BUSY" in L.describe_reference(L.reference_record(runs, {}, 9.0, 9.0, busy=True))
+
+
+def test_stored_reference_describes_its_machine():
+    ref = L.load_reference()
+    m = ref["machine"]
+    for key in ("cores", "torch", "date", "load_average_before", "load_average_after", "quiet"):
+        assert key in m
+    if not m["quiet"]:  # stored with --force: the file must say the load was above the cores
+        assert max(m["load_average_before"], m["load_average_after"]) > m["cores"]
+    workers = [p["num_workers"] for p in ref["points"]]
+    assert workers[0] == 0 and workers == sorted(workers) and {0, 1, 2, 4} <= set(workers)
+    assert all(p["images_per_s"] > 0 and p["first_batch_s"] >= 0 for p in ref["points"])
+    assert ref["settings"]["items"] == 128 and ref["settings"]["batch_size"] == 16  # the notebook's settings
+
+
+def test_plot_curves_with_and_without_reference():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [_steady(w, [1.0 / (w + 1)] * 3) for w in (0, 1, 2)]
+    fig = L.plot_curves(runs, 2, L.load_reference())
+    labels = fig.axes[1].get_legend_handles_labels()[1]
+    assert labels[0] == "this machine (2 cores)" and labels[1].startswith("reference (")
+    assert len(L.plot_curves(runs, 2).axes[0].lines) == 2  # without a reference: one curve and its core mark
+    plt.close("all")
+
+
+def _benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "loader_throughput.py"
+    spec = importlib.util.spec_from_file_location("loader_throughput", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_refuses_a_busy_reference_unless_forced(tmp_path, monkeypatch, capsys):
+    bench = _benchmark()
+    monkeypatch.setattr(bench, "load_average", lambda: bench.cpu_cores() + 5.0)
+    out = tmp_path / "ref.json"
+    small = ["--workers", "0", "--repeats", "1", "--items", "8", "--size", "32", "--out-size", "16", "--batch-size", "4"]
+    assert bench.main(small + ["--save-reference", str(out)]) == 2
+    assert not out.exists() and "not measuring a reference" in capsys.readouterr().err
+    assert bench.main(small + ["--save-reference", str(out), "--force"]) == 0
+    ref = L.load_reference(out)
+    assert ref["machine"]["quiet"] is False and ref["machine"]["load_average_before"] > ref["machine"]["cores"]
+    monkeypatch.setattr(bench, "load_average", lambda: 0.0)
+    assert bench.main(small + ["--save-reference", str(out)]) == 0
+    assert L.load_reference(out)["machine"]["quiet"] is True

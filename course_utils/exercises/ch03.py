@@ -1,4 +1,5 @@
-"""Chapter 03 exercises: a file-list Dataset, a padding collate_fn, a sharded stream, sampler weights."""
+"""Chapter 03 exercises: a file-list Dataset, a padding collate_fn, a sharded stream, sampler weights, and
+the rule that picks num_workers from epoch times measured with a model in the loop."""
 
 from __future__ import annotations
 
@@ -206,4 +207,63 @@ q4 = Exercise(
     },
 )
 
-EXERCISES = [q1, q2, q3, q4]
+
+def pick_num_workers(seconds):
+    medians = {w: sorted(times)[len(times) // 2] for w, times in seconds.items()}
+    best = min(medians.values())
+    return min(w for w, m in medians.items() if m <= 1.05 * best)
+
+
+def _timings():
+    # {num_workers: seconds of each timed epoch}: what `loading.training_seconds` returns
+    return [
+        {0: [2.0, 2.1, 2.05], 1: [1.2, 1.1, 1.15], 2: [0.80, 0.82, 0.81], 4: [0.79, 0.80, 0.95]},  # 4 fastest, 2 close
+        {0: [1.0, 1.0, 1.0], 1: [0.60, 3.0, 0.62], 2: [0.70, 0.71, 0.69]},  # one slow epoch of 1 worker
+        {0: [1.0, 1.02, 0.98], 2: [0.70, 0.92, 0.94], 4: [0.80, 0.82, 0.81]},  # one lucky epoch of 2 workers
+        {8: [0.50, 0.50, 0.50], 0: [2.0, 2.0, 2.0], 3: [0.52, 0.51, 0.50], 1: [0.54, 0.53, 0.54]},  # keys unsorted
+        {0: [1.3], 1: [0.9], 2: [1.1]},  # one epoch each
+        {0: [0.40, 0.41, 0.40], 1: [0.45, 0.44, 0.46], 2: [0.60, 0.58, 0.59]},  # workers only cost here
+    ]
+
+
+def _pick_facts(fn, seconds):
+    shown = {w: list(t) for w, t in seconds.items()}
+    yield "the num_workers picked", as_number(fn(shown), "`pick_num_workers(seconds)`", whole=True)
+
+
+def _median(times):
+    return sorted(times)[len(times) // 2]
+
+
+q5 = Exercise(
+    name="Q5",
+    prompt=("Write `pick_num_workers(seconds)`: `seconds` maps each num_workers tried to the seconds of its timed "
+            "epochs (an odd number of them). Return, as a whole number, the smallest num_workers whose median "
+            "epoch time is at most 1.05 x the best median."),
+    model_answer=pick_num_workers,
+    cases=_timings,
+    observe=_pick_facts,
+    describe=lambda s: f"for seconds = {s}",
+    hints=[
+        "Judge each setting by the median of its epochs (`sorted(times)[len(times) // 2]`): one slow or lucky epoch "
+        "must not decide. Then find the best median.",
+        "Among the settings whose median is at most 1.05 x the best one, return the smallest num_workers: "
+        "`min(w for w, m in medians.items() if m <= 1.05 * best)`. More workers that buy under 5% cost memory and "
+        "cores for nothing.",
+    ],
+    mistakes={
+        "you returned the fastest setting; return the *smallest* num_workers whose median is within 5% of the best: "
+        "more workers that buy less than 5% cost memory and cores for nothing.":
+            lambda seconds: min(seconds, key=lambda w: _median(seconds[w])),
+        "you judged each setting by its mean: one slow epoch (another program woke up) drags a mean, not a median. "
+        "Use the median of each setting's epochs.":
+            lambda seconds: (lambda m: min(w for w in m if m[w] <= 1.05 * min(m.values())))(
+                {w: sum(t) / len(t) for w, t in seconds.items()}),
+        "you judged each setting by its fastest epoch: one lucky epoch is not what training will see. Use the median "
+        "of each setting's epochs.":
+            lambda seconds: (lambda m: min(w for w in m if m[w] <= 1.05 * min(m.values())))(
+                {w: min(t) for w, t in seconds.items()}),
+    },
+)
+
+EXERCISES = [q1, q2, q3, q4, q5]
