@@ -3,8 +3,9 @@
 - :func:`sigmoid_example`, :func:`sigmoid_by_hand`, :func:`sigmoid_example_figure`,
   :func:`sigmoid_explorer`: the source's ``z = sigmoid(w*x + b)`` with autograd, by hand, as a
   picture and as a widget with sliders.
-- :func:`count_saved_tensors`: how many bytes autograd keeps alive for backward, counted with
-  ``torch.autograd.graph.saved_tensors_hooks`` (not process memory, which is noisy).
+- :func:`count_saved_tensors`: the tensors autograd saves for backward, counted with
+  ``torch.autograd.graph.saved_tensors_hooks`` (not process memory, which is noisy), split into
+  those the program holds anyway and those kept alive only for backward.
 - :class:`GraphPrinter` and :func:`fx_code`: a ``torch.compile`` backend that prints each FX
   graph Dynamo captures and runs it as is (no compiler, so it takes a second, not a minute).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +118,7 @@ def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
     import matplotlib.pyplot as plt
 
     def slider(name: str, value: float) -> Any:
-        return widgets.FloatSlider(value=value, min=-5.0, max=5.0, step=0.1, description=name,
+        return widgets.FloatSlider(value=value, min=-10.0, max=10.0, step=0.1, description=name,
                                    continuous_update=False, readout_format=".1f")
 
     sx, sw, sb = slider("x", x), slider("w", w), slider("b", b)
@@ -141,31 +142,52 @@ class SavedLog:
     """Tensors that autograd saved for backward while the context was open.
 
     ``count`` counts every save; ``bytes`` counts each distinct tensor once (two ops that save
-    the same tensor keep one copy alive).
+    the same tensor keep one copy alive). Autograd saves a *reference*, not a copy, so a saved
+    tensor costs memory only if nothing else keeps it alive. ``held_bytes`` is the part that
+    shares memory with a tensor the caller said it holds anyway (the input batch, the weights);
+    ``extra_bytes`` is the rest: intermediate results kept alive only for the backward pass.
     """
 
     count: int = 0
     bytes: int = 0
+    held_bytes: int = 0
     shapes: list[tuple[int, ...]] = field(default_factory=list)
+    held_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    extra_shapes: list[tuple[int, ...]] = field(default_factory=list)
     _seen: set = field(default_factory=set, repr=False)
+    _held: set = field(default_factory=set, repr=False)
+
+    @property
+    def extra_bytes(self) -> int:
+        """Bytes of saved tensors that would have been freed without the backward pass."""
+        return self.bytes - self.held_bytes
 
     def add(self, t: torch.Tensor) -> None:
         self.count += 1
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        ptr = t.untyped_storage().data_ptr()
+        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if key not in self._seen:
             self._seen.add(key)
-            self.bytes += t.numel() * t.element_size()
+            size = t.numel() * t.element_size()
+            self.bytes += size
             self.shapes.append(tuple(t.shape))
+            if ptr in self._held:
+                self.held_bytes += size
+                self.held_shapes.append(tuple(t.shape))
+            else:
+                self.extra_shapes.append(tuple(t.shape))
 
 
 @contextmanager
-def count_saved_tensors() -> Iterator[SavedLog]:
+def count_saved_tensors(held: Iterable[torch.Tensor] = ()) -> Iterator[SavedLog]:
     """Count the tensors autograd saves for backward inside the ``with`` block.
 
     Uses ``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor an op
-    saves, and returns it unchanged (nothing is copied or moved).
+    saves, and returns it unchanged (nothing is copied or moved). ``held`` lists the tensors the
+    program keeps anyway (inputs, parameters); a saved tensor that shares memory with one of them
+    (itself, a view, a ``detach()``) counts in ``held_bytes``, everything else in ``extra_bytes``.
     """
-    log = SavedLog()
+    log = SavedLog(_held={t.untyped_storage().data_ptr() for t in held})
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         log.add(t)
