@@ -195,9 +195,11 @@ class MiniModule:
 
     Assigning an attribute goes through :meth:`__setattr__`, which files the value
     under ``_parameters`` (an ``nn.Parameter``), ``_modules`` (a ``MiniModule``) or,
-    when it is a tensor assigned to a registered buffer's name, ``_buffers``; anything
-    else becomes a plain attribute. Everything else (``parameters()``,
-    ``named_modules()``, ``state_dict()``) just walks those three dictionaries.
+    when it is a tensor assigned to a registered buffer's name, ``_buffers``. Like
+    the real class it refuses (``TypeError``) a value of the wrong kind for a name
+    that is already registered, instead of silently unregistering it; anything else
+    becomes a plain attribute. Everything else (``parameters()``, ``named_modules()``,
+    ``state_dict()``) just walks those three dictionaries.
     """
 
     def __init__(self) -> None:
@@ -214,14 +216,28 @@ class MiniModule:
         if isinstance(value, nn.Parameter):
             self._forget(name)
             self._parameters[name] = value
+        elif name in self._parameters:  # a registered name keeps its kind, or the assignment is refused
+            if value is not None:
+                raise self._wrong_kind(name, value, "parameter", "nn.Parameter or None")
+            self._parameters[name] = None
         elif isinstance(value, MiniModule):
             self._forget(name)
             self._modules[name] = value
-        elif name in self._buffers and (value is None or isinstance(value, torch.Tensor)):
+        elif name in self._modules:
+            if value is not None:
+                raise self._wrong_kind(name, value, "child module", "MiniModule or None")
+            self._modules[name] = None
+        elif name in self._buffers:
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise self._wrong_kind(name, value, "buffer", "Tensor or None")
             self._buffers[name] = value  # re-assigning a buffer keeps it a buffer
         else:
             self._forget(name)
             object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _wrong_kind(name: str, value: Any, kind: str, expected: str) -> TypeError:
+        return TypeError(f"cannot assign {type(value).__name__!r} as {kind} {name!r} ({expected} expected)")
 
     def _forget(self, name: str) -> None:
         for store in (self._parameters, self._buffers, self._modules):
@@ -252,6 +268,8 @@ class MiniModule:
         memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
+            if child is None:
+                continue
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
     def _named(self, store: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -277,7 +295,7 @@ class MiniModule:
 
     def children(self) -> Iterator[MiniModule]:
         """The direct sub-modules."""
-        return iter(self._modules.values())
+        return (m for m in self._modules.values() if m is not None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and persistent buffers, by dotted name (the tensors themselves, detached)."""
@@ -285,7 +303,8 @@ class MiniModule:
         for mod_name, mod in self.named_modules():
             dot = f"{mod_name}." if mod_name else ""
             for name, p in mod._parameters.items():
-                out[dot + name] = p.detach()
+                if p is not None:
+                    out[dot + name] = p.detach()
             for name, b in mod._buffers.items():
                 if b is not None and name not in mod._non_persistent:
                     out[dot + name] = b.detach()

@@ -142,10 +142,39 @@ def test_mini_module_buffers_persistent_and_not():
     assert list(m.state_dict()) == ["w", "running"]
     m.running = torch.ones(2)  # re-assigning a buffer keeps it a buffer
     assert torch.equal(m._buffers["running"], torch.ones(2))
-    m.w = 3  # replacing a parameter by a plain value unregisters it
-    assert [n for n, _ in m.named_parameters()] == [] and m.w == 3
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
         _ = m.missing
+
+
+@pytest.mark.parametrize("base", [nn.Module, cm.MiniModule])
+def test_registered_names_keep_their_kind_like_the_real_module(base):
+    child_type = nn.ReLU if base is nn.Module else cm.MiniReLU
+
+    class M(base):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+            self.register_buffer("running", torch.zeros(2))
+            self.act = child_type()
+
+    m = M()
+    with pytest.raises(TypeError, match="as parameter 'w'"):
+        m.w = torch.zeros(2)  # a plain tensor for a parameter's name is refused, not silently unregistered
+    with pytest.raises(TypeError, match="as buffer 'running'"):
+        m.running = 3
+    with pytest.raises(TypeError, match="as child module 'act'"):
+        m.act = "relu"
+    assert [n for n, _ in m.named_parameters()] == ["w"]
+    assert [n for n, _ in m.named_buffers()] == ["running"]
+    assert [n for n, _ in m.named_modules()] == ["", "act"]
+    m.running = torch.ones(2)  # a tensor for a buffer's name stays a buffer
+    assert "running" in m._buffers and "running" not in m.__dict__
+    m.w = None  # None is allowed, and keeps the name registered (with no tensor)
+    m.act = None
+    assert "w" in m._parameters and m.w is None and list(m.named_parameters()) == []
+    assert list(m.state_dict()) == ["running"] and list(m.children()) == []
+    m.w = nn.Parameter(torch.zeros(3))  # a new Parameter replaces it
+    assert [n for n, _ in m.named_parameters()] == ["w"]
 
 
 def test_mini_module_shared_submodule_listed_once_and_train_eval():
