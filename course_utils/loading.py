@@ -637,7 +637,7 @@ class ShardedDigitsStream(NaiveDigitsStream):
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, int]]:
         shard, shards = self.shard()
         for i, line in enumerate(self._lines()):
-            if i % shards == shard:  # skip the others' lines without parsing them
+            if i % shards == shard:  # the others' lines are read, but not parsed
                 yield _parse_line(line)
 
 

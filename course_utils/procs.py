@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["CapturedStderr", "child_stderr", "error_lines"]
+__all__ = ["CapturedStderr", "child_stderr", "error_lines", "worker_failure"]
 
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
 
@@ -39,6 +39,19 @@ def error_lines(text: str) -> list[str]:
     text = _ANSI.sub("", text)
     lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.match(ln.strip())]
     return [_MODULE_REPR.sub(r"<module '\1'>", ln) for ln in lines]
+
+
+_WORKER_DIED = re.compile(r"DataLoader worker .*?exited unexpectedly")
+_PIDS = re.compile(r" \(pid(?:\(s\))?[^)]*\)")  # " (pid 42)", " (pid(s) 42, 43)"
+
+
+def worker_failure(err: BaseException) -> str:
+    """A DataLoader's report that a worker died, as one line that reads the same in every run:
+    ``RuntimeError: DataLoader worker exited unexpectedly``, without the pid(s) and exit details that
+    change from run to run. Any other error comes back as ``Type: message`` unchanged."""
+    found = _WORKER_DIED.search(str(err))
+    what = _PIDS.sub("", found.group(0)) if found else str(err)
+    return f"{type(err).__name__}: {what}"
 
 
 @dataclass
