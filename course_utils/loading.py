@@ -120,7 +120,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # (``torch/utils/data/_utils/worker.py``, ``_worker_loop``): ``torch.set_num_threads(1)``;
 # ``torch.manual_seed(base_seed + worker_id)`` and ``random.seed`` with the same number; NumPy's
 # global generator seeded from ``(base_seed, worker_id)``. ``base_seed`` is drawn from the
-# loader's generator each time an iterator is made (each epoch). So a ``worker_init_fn`` is for
+# loader's generator each time an iterator is made: each epoch, unless ``persistent_workers=True``,
+# where one iterator and its workers serve every epoch, seeded once (``DataLoader.__iter__`` and
+# ``_BaseDataLoaderIter.__init__`` in ``torch/utils/data/dataloader.py``). So a ``worker_init_fn`` is for
 # what PyTorch cannot know about: a generator object the dataset holds, a file or connection
 # each worker must open for itself, a share of a stream set up per worker.
 
@@ -167,7 +169,9 @@ def reseed_rng(worker_id: int) -> None:
     PyTorch seeds torch, ``random`` and NumPy's global generator in every worker, but it cannot
     know about a generator object the dataset made in ``__init__``: each worker starts with a copy
     of it in the same state, so every worker would draw the same "random" numbers.
-    ``get_worker_info().seed`` differs per worker and per epoch.
+    ``get_worker_info().seed`` differs per worker, and per epoch when the workers are not persistent
+    (with ``persistent_workers=True`` each worker is seeded, and runs this function, once; its
+    generators then carry on from one epoch to the next).
     """
     info = get_worker_info()
     if info is not None and hasattr(info.dataset, "rng"):
@@ -271,7 +275,11 @@ def split_span(worker_id: int) -> None:
 
 
 def load_average() -> float | None:
-    """The 1-minute load average (processes running or waiting for a CPU), or None where the OS has none."""
+    """The 1-minute load average, or None where the OS has none.
+
+    It counts the processes running or waiting to run (on Linux also those waiting for the disk,
+    state D), averaged over the last minute.
+    """
     try:
         return float(os.getloadavg()[0])
     except (AttributeError, OSError):
@@ -279,11 +287,16 @@ def load_average() -> float | None:
 
 
 def busy_warning(load: float | None, cores: int) -> str:
-    """A warning when the machine is busy (load average above the core count), else ""."""
+    """A warning when the machine is busy (load average above the core count), else "".
+
+    On Linux the load also counts processes waiting for the disk, so a high load is usually, not
+    always, competition for the CPU.
+    """
     if load is None or load <= cores:
         return ""
     return (f"WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs "
-            "compete for the CPU, so these numbers measure that competition as much as the loader "
+            "compete for the CPU (or, on Linux, the disk), so these numbers measure that competition as much "
+            "as the loader "
             "(more worker processes simply win a larger share of the CPU). Measure again when the "
             "machine is idle before drawing conclusions.")
 
@@ -291,15 +304,16 @@ def busy_warning(load: float | None, cores: int) -> str:
 def cpu_load() -> str:
     """The 1-minute load average against the core count, as one line ("" where the OS has no load average).
 
-    A load above the core count means other programs compete for the CPU: then more worker
-    processes win a larger share of it, and a throughput curve says more about the neighbours
-    than about the loader.
+    A load above the core count means other programs compete with the loader, usually for the CPU
+    (on Linux the load also counts processes waiting for the disk): then more worker processes win
+    a larger share of the CPU, and a throughput curve says more about the neighbours than about the
+    loader.
     """
     load = load_average()
     if load is None:
         return ""
     cores = cpu_cores()
-    busy = " (busy: more runnable processes than cores, numbers are not an idle machine's)" if load > cores else ""
+    busy = " (busy: load above the core count, numbers are not an idle machine's)" if load > cores else ""
     return f"load average {load:.1f} on {cores} cores{busy}"
 
 

@@ -194,12 +194,14 @@ class MiniModule:
     """The registration machinery of ``nn.Module`` in miniature (for reading, not for training).
 
     Assigning an attribute goes through :meth:`__setattr__`, which files the value
-    under ``_parameters`` (an ``nn.Parameter``), ``_modules`` (a ``MiniModule``) or,
-    when it is a tensor assigned to a registered buffer's name, ``_buffers``. Like
-    the real class it refuses (``TypeError``) a value of the wrong kind for a name
-    that is already registered, instead of silently unregistering it; anything else
-    becomes a plain attribute. Everything else (``parameters()``, ``named_modules()``,
-    ``state_dict()``) just walks those three dictionaries.
+    under ``_parameters`` (an ``nn.Parameter``), ``_modules`` (a ``MiniModule``) or
+    ``_buffers`` (an ``nn.Buffer``, or any tensor assigned to a registered buffer's
+    name). Like the real class it refuses (``TypeError``) any other value for a
+    parameter's or child module's name, instead of silently unregistering it, while
+    a value of a registering kind replaces whatever the name held (a Parameter even
+    replaces a sub-module); anything else becomes a plain attribute. Everything else
+    (``parameters()``, ``named_modules()``, ``state_dict()``) just walks those three
+    dictionaries.
     """
 
     def __init__(self) -> None:
@@ -216,7 +218,7 @@ class MiniModule:
         if isinstance(value, nn.Parameter):
             self._forget(name)
             self._parameters[name] = value
-        elif name in self._parameters:  # a registered name keeps its kind, or the assignment is refused
+        elif name in self._parameters:  # a parameter or child-module name accepts only its own kind (or None)
             if value is not None:
                 raise self._wrong_kind(name, value, "parameter", "nn.Parameter or None")
             self._parameters[name] = None
@@ -227,6 +229,8 @@ class MiniModule:
             if value is not None:
                 raise self._wrong_kind(name, value, "child module", "MiniModule or None")
             self._modules[name] = None
+        elif isinstance(value, nn.Buffer):
+            self.register_buffer(name, value, persistent=value.persistent)
         elif name in self._buffers:
             if value is not None and not isinstance(value, torch.Tensor):
                 raise self._wrong_kind(name, value, "buffer", "Tensor or None")

@@ -442,10 +442,18 @@ def test_interrupt_stops_every_process(tmp_path):
         # threads of the process run.)
         signal.pthread_kill(main, signal.SIGINT)
 
+    # In a kernel, Ctrl-C / "Interrupt" ends as a KeyboardInterrupt in the cell. Make this process do
+    # the same, whatever an earlier test in this worker left installed for SIGINT.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        torchrun(f"{SCRIPTS}/hang.py", nproc=2, timeout=300, show=False, cwd=ROOT,
-                 env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            torchrun(f"{SCRIPTS}/hang.py", nproc=2, timeout=300, show=False, cwd=ROOT,
+                     env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if before is not signal.default_int_handler:
+            print(f"SIGINT handler found in place: {before!r}")
     assert len(list(tmp_path.glob("rank*.pid"))) == 2
     assert tagged_processes(tag) == []
 

@@ -270,6 +270,23 @@ def test_worker_state_and_reseed_rng():
     assert [r[4] for r in reseeded] == [r[4] for r in plain]  # nothing else changed
 
 
+@pytest.mark.slow
+def test_persistent_workers_are_seeded_once():
+    def rows(init, persistent):
+        loader = DataLoader(L.WorkerState(n=4), batch_size=None, num_workers=2, timeout=60, worker_init_fn=init,
+                            persistent_workers=persistent, generator=torch.Generator().manual_seed(0))
+        return [list(r) for _ in range(2) for r in loader]  # 2 epochs
+
+    fresh, kept = rows(None, False), rows(None, True)
+    assert kept[:4] == fresh[:4]  # the first epoch is the same either way
+    assert [r[3] for r in fresh[:4]] != [r[3] for r in fresh[4:]]  # new workers: new seeds each epoch
+    assert [r[3] for r in kept[:4]] == [r[3] for r in kept[4:]]  # persistent workers: seeded once
+    assert len({r[4] for r in kept}) == len({r[6] for r in kept}) == 8  # ...but their draws carry on
+    assert kept[0][7] == kept[1][7] and kept[0][7] != kept[4][7]  # self.rng: same in both workers, not repeated
+    reseeded = rows(L.reseed_rng, True)
+    assert len({r[7] for r in reseeded}) == 8  # worker_init_fn ran once per worker, and still fixes it
+
+
 def test_digit_records(tmp_path):
     path = tmp_path / "d.bin"
     n = L.write_digit_records(path, "test")

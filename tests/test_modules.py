@@ -177,6 +177,30 @@ def test_registered_names_keep_their_kind_like_the_real_module(base):
     assert [n for n, _ in m.named_parameters()] == ["w"]
 
 
+@pytest.mark.parametrize("base", [nn.Module, cm.MiniModule])
+def test_nn_buffer_registers_and_a_parameter_replaces_a_submodule_like_the_real_module(base):
+    child_type = nn.ReLU if base is nn.Module else cm.MiniReLU
+
+    class M(base):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+            self.act = child_type()
+            self.x = nn.Buffer(torch.zeros(2))  # assigning an nn.Buffer registers a buffer
+            self.y = nn.Buffer(torch.ones(1), persistent=False)
+
+    m = M()
+    assert [n for n, _ in m.named_buffers()] == ["x", "y"]
+    assert list(m.state_dict()) == ["w", "x"] and "x" not in m.__dict__
+    with pytest.raises(TypeError, match="as parameter 'w'"):
+        m.w = nn.Buffer(torch.zeros(2))
+    with pytest.raises(TypeError, match="as parameter 'w'"):
+        m.w = child_type()  # a module for a parameter's name is refused too
+    m.act = nn.Parameter(torch.zeros(3))  # but a Parameter silently replaces a sub-module
+    assert [n for n, _ in m.named_modules()] == [""]
+    assert [n for n, _ in m.named_parameters()] == ["w", "act"]
+
+
 def test_mini_module_shared_submodule_listed_once_and_train_eval():
     class M(cm.MiniModule):
         def __init__(self):
