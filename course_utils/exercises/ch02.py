@@ -92,7 +92,7 @@ q1 = Exercise(
     mistakes={
         "model.parameters() finds no parameters at all: the layers are still in a plain Python list, which nn.Module does not look inside. Wrap the list in nn.ModuleList(...).": ListNet,
         "model.parameters() finds only some of the layers: the others are still in a plain Python list or dict, invisible to nn.Module. Register every layer (nn.ModuleList).": _HalfFixed,
-        "a layer is created inside forward(): it gets new random weights on every call, is not in parameters(), and never trains. Create every layer in __init__.": _forward_built(),
+        "a layer is created inside forward(): it gets new random weights on every call and never trains (even assigned to self, it is registered only when forward runs, and replaced on the next call). Create every layer in __init__.": _forward_built(),
     },
 )
 
