@@ -74,8 +74,15 @@ def _env_int(name: str) -> int:
     return int(value)
 
 
-def setup(backend: str | None = None, timeout_s: float = 60.0) -> DistContext:
-    """Join the process group described by the launcher's environment variables (``env://``)."""
+def setup(backend: str | None = None, timeout_s: float | None = None) -> DistContext:
+    """Join the process group described by the launcher's environment variables (``env://``).
+
+    `timeout_s`: how long a collective may wait for the other ranks before it fails. None keeps
+    PyTorch's default (30 minutes for gloo, 10 for nccl), which a real run needs: a first
+    ``torch.compile`` or a slow checkpoint write on one rank keeps the others waiting for minutes.
+    A script that must fail sooner, or wait longer, says so where it calls ``setup``. A job started
+    from a notebook is bounded anyway by the launcher's own timeout, which stops every process.
+    """
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -87,7 +94,9 @@ def setup(backend: str | None = None, timeout_s: float = 60.0) -> DistContext:
     else:
         device = torch.device("cpu")
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **kwargs)
+    if timeout_s is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, init_method="env://", **kwargs)
     return DistContext(rank, world, local_rank, backend, device)
 
 

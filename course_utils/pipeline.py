@@ -510,11 +510,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
+        # PyTorch's own message is not repeated: for a file that is not a checkpoint it suggests
+        # weights_only=False, which would run whatever code the file holds.
         raise CheckpointError(
-            f"the checkpoint {path.name} cannot be read ({type(exc).__name__}: {exc}). It was probably "
-            "half-written by a run that crashed while saving without atomic_save; delete it (or start "
-            "a fresh run with --no-resume or another --out-dir)."
-        ) from exc
+            f"the checkpoint {path.name} cannot be read ({type(exc).__name__}) in {path.parent}: it is "
+            "truncated (a run that crashed while saving without atomic_save) or not a checkpoint at all. "
+            "Move it away (or delete it) to start again from scratch, or start a fresh run with "
+            "--no-resume or another --out-dir. Do not load it with weights_only=False: a file that is "
+            "not what you expect can run code when it is unpickled."
+        ) from None
     if config is not None:
         saved = ckpt.get("config", {})
         diff = [f"{k}: {saved.get(k)!r} -> {getattr(config, k)!r}" for k in RESUME_KEYS

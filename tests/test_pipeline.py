@@ -214,8 +214,24 @@ def test_plain_torch_save_interrupted_leaves_a_corrupt_file(tmp_path):
     torch.save({"epoch": 1, "w": torch.ones(1000)}, path)
     with interrupted_save(0.5), pytest.raises(OSError):
         torch.save({"epoch": 2, "w": torch.zeros(1000)}, path)
-    with pytest.raises(CheckpointError, match="half-written"):
+    with pytest.raises(CheckpointError, match="truncated") as info:
         load_checkpoint(path)
+    assert "Do not load it with weights_only=False" in str(info.value)  # never a suggestion to
+
+
+def test_a_file_that_is_not_a_checkpoint_is_refused_without_suggesting_unsafe_loading(tmp_path):
+    path = tmp_path / "last.pt"
+    torch.save({"epoch": 1, "obj": _NotAllowed()}, path)  # loads only with weights_only=False
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    text = str(info.value)
+    assert "last.pt cannot be read" in text and "--no-resume" in text
+    assert "weights_only=False" in text and "Do not load it with weights_only=False" in text
+    assert "WeightsUnpickler" not in text and "trust" not in text  # PyTorch's own advice is not repeated
+
+
+class _NotAllowed:
+    """An object that weights_only loading refuses (any class outside the allowed list)."""
 
 
 def test_checkpoint_roundtrip_with_rng_states_and_weights_only(tmp_path):
@@ -363,3 +379,83 @@ def test_elastic_restart_after_a_crash_equals_uninterrupted(tmp_path):
     assert max_abs_diff(wa, wb) == 0.0
     s = json.loads((tmp_path / "el" / "summary.json").read_text())
     assert s["test_total"] == 359 and s["world_size"] == 2
+
+
+def test_a_damaged_checkpoint_is_refused_once_with_what_to_do(world_of_one, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "last.pt").write_bytes(b"not a checkpoint at all")
+    assert world_of_one("--out-dir", out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: the checkpoint last.pt cannot be read") == 1
+    assert "Move it away" in err and "--no-resume" in err and "Traceback" not in err
+    assert not (out / "final.pt").exists()
+
+
+@pytest.mark.slow
+def test_resuming_with_another_number_of_processes_is_refused_clearly(world_of_one, tmp_path, capsys):
+    """2 -> 1 and 1 -> 2: refused up front, by rank 0 alone, before any step of training."""
+    from course_utils.launch import LaunchError, torchrun
+
+    common = ["--model", "mlp", "--epochs", "3", "--no-progress"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", two, "--stop-after-epoch", 1], timeout=240,
+             backend="gloo", show=False)
+    assert world_of_one("--model", "mlp", "--out-dir", two) == 2  # 2 -> 1
+    err = capsys.readouterr().err
+    assert "written by a run of 2 processes, and this run has 1" in err and "Resume with 2 processes" in err
+    assert load_checkpoint(two / "last.pt")["epoch"] == 1  # left as it was
+
+    world_of_one("--model", "mlp", "--out-dir", one, "--stop-after-epoch", 1)
+    with pytest.raises(LaunchError) as info:  # 1 -> 2
+        torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", one], timeout=240, backend="gloo", show=False)
+    said = [text.count("written by a run of 1 processes, and this run has 2") for text in info.value.stderr]
+    assert said == [1, 0]  # rank 0 says it once; rank 1 stops without a word
+    assert info.value.exit_code == 2 and not (one / "final.pt").exists()
+
+
+def _two_nodes(out_dirs, args, timeout=240):
+    """Two torchrun agents on this machine, as two nodes of one job (--nnodes 2, a c10d rendezvous
+    on localhost), one rank each, each node with its own --out-dir (a node-local disk)."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    env = dict(os.environ, COURSE_BACKEND="gloo", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+         "--rdzv-conf", f"is_host={int(node == 0)}", str(SCRIPT), *map(str, args), "--out-dir", str(out)],
+        cwd=ROOT / "notebooks", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node, out in enumerate(out_dirs)]
+    try:
+        texts = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], texts
+    return texts
+
+
+@pytest.mark.slow
+def test_two_nodes_with_node_local_disks_resume_as_one_run(tmp_path):
+    """Only rank 0 writes checkpoints, so the other node's disk has none. Rank 0 decides whether to
+    resume and sends its state, so the replicas never diverge: the resumed run ends with the weights
+    of an uninterrupted one (whichever node rank 0 lands on)."""
+    from course_utils.launch import torchrun
+
+    common = ["--model", "mlp", "--epochs", "3", "--no-progress"]
+    torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "ref"], timeout=240, backend="gloo",
+             show=False)
+    disks = [tmp_path / "node0", tmp_path / "node1"]
+    _two_nodes(disks, [*common, "--stop-after-epoch", 1])
+    saved = [d for d in disks if (d / "last.pt").exists()]
+    assert len(saved) == 1  # rank 0's node alone
+    texts = _two_nodes(disks, common)
+    finals = [d for d in disks if (d / "final.pt").exists()]
+    assert len(finals) == 1
+    resumed = any("resumed from last.pt: 1 epoch(s) done" in t for t in texts)
+    assert resumed == (finals[0] == saved[0])  # rank 0 on the node with the checkpoint: it resumes
+    finals = [finals[0] / "final.pt"]
+    wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, torch.load(finals[0], weights_only=True)) == 0.0

@@ -63,11 +63,24 @@ def main() -> None:
     ctx = setup()
     r, n, dev = ctx.rank, ctx.world_size, ctx.device
     B, S, k = args.batch, args.steps, args.micro
-    if B % k:
-        raise SystemExit(f"--batch ({B}) must be divisible by --micro ({k})")
+    X, y = digits_tensors("train")
+    fits = len(X) // (n * B)  # whole steps of n ranks x B distinct samples in the data set
+    problem = (f"--batch ({B}) must be divisible by --micro ({k})" if B % k else
+               f"{n} ranks x batch {B} = {n * B} samples per step, but the data set has {len(X)} images: "
+               f"the lesson needs at least 2 steps of distinct samples. Use a smaller --batch (at most "
+               f"{len(X) // (2 * n)} for {n} ranks) or fewer ranks." if fits < 2 else "")
+    if problem:  # refused by rank 0, once; every rank stops
+        if r == 0:
+            rprint(f"error: {problem}")
+        cleanup()
+        raise SystemExit(2)
+    if fits < S:
+        if r == 0:
+            rprint(f"note: {n} ranks x batch {B} use {n * B} images a step, so the {len(X)} images give "
+                   f"{fits} steps, not --steps {S}: running {fits}")
+        S = fits
 
     # A data set that divides evenly: S steps of n ranks x B samples, no padding, nothing dropped.
-    X, y = digits_tensors("train")
     size = S * n * B
     X, y = X[:size].flatten(1).double().to(dev), y[:size].to(dev)
     dataset = TensorDataset(X, y)

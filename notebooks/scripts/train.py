@@ -8,6 +8,9 @@ Runs on the CPU (gloo) and on GPUs (nccl, one process per GPU) unchanged:
 
 Resumes from OUT_DIR/last.pt when it exists, so the same command continues an interrupted
 run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
+Rank 0 reads the checkpoint and sends it to the other ranks, so only rank 0 needs to see OUT_DIR
+when resuming; a damaged checkpoint, or one written by another number of processes, is refused
+with a message that says what to do (exit code 2).
 With this PyTorch version, give the launcher ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when it may
 restart: otherwise a restarted attempt can read the previous attempt's gloo addresses from the
 shared rendezvous store and fail to connect (PyTorch issue 135712):
@@ -33,6 +36,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from course_utils.device import seed_everything
 from course_utils.dist import DistContext, cleanup, rprint, setup
 from course_utils.pipeline import (
+    CheckpointError,
     MetricsWriter,
     TrainConfig,
     atomic_save,
@@ -60,6 +64,46 @@ def log(ctx: DistContext, *args: object) -> None:
         rprint(*args)
 
 
+class Refused(Exception):
+    """The run cannot go on as asked; rank 0 has said why."""
+
+
+def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, path: Path) -> dict | None:
+    """Rank 0 alone decides whether to resume, and sends every rank what it loaded.
+
+    Only rank 0 writes checkpoints, so on node-local disks the other nodes have no ``last.pt`` (or
+    an old one): if each rank decided for itself, one node would start from scratch while another
+    resumed, and the replicas and their collectives would no longer match. The checkpoint travels
+    to the other ranks through the process group instead (a few MB for the course's models).
+    A checkpoint that cannot be continued is refused once, by rank 0, and every rank stops.
+    """
+    found: list = [None]
+    if ctx.is_main:
+        try:
+            ckpt = load_checkpoint(path, map_location="cpu", config=cfg) if cfg.resume else None
+            saved_world = len(ckpt["rng"]) if ckpt is not None else ctx.world_size
+            if saved_world != ctx.world_size:
+                raise CheckpointError(
+                    f"the checkpoint {path.name} in {path.parent} was written by a run of {saved_world} "
+                    f"processes, and this run has {ctx.world_size}. Its learning-rate schedule counts the "
+                    "optimizer steps of an epoch split over the old number of processes (the schedule would "
+                    "end too early or too late), and its random streams are one per old process, so it "
+                    f"cannot be continued. Resume with {saved_world} processes (for an elastic job: "
+                    "--nnodes N:N, a fixed number of nodes), or start a fresh run with --no-resume or "
+                    "another --out-dir."
+                )
+            found[0] = ("ok", ckpt)
+        except CheckpointError as exc:
+            found[0] = ("refused", str(exc))
+    dist.broadcast_object_list(found, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+    verdict, payload = found[0]
+    if verdict == "refused":
+        if ctx.is_main:
+            sys.stderr.write(f"error: {payload}\n")
+        raise Refused(payload)
+    return payload
+
+
 def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     """The whole pipeline on this rank; returns the run's summary (the same on every rank)."""
     out = Path(cfg.out_dir)
@@ -81,7 +125,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     # 2. Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
     seed_everything(cfg.seed)
     model = build_model(cfg.model).to(device)
-    ckpt = load_checkpoint(out / "last.pt", map_location=device, config=cfg) if cfg.resume else None
+    ckpt = agree_on_checkpoint(cfg, ctx, out / "last.pt")
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -101,11 +145,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         start_epoch = ckpt["epoch"]
         extra = ckpt["extra"]
         elapsed, train_s, train_cpu_s = extra["elapsed_s"], extra["train_s"], extra["train_cpu_s"]
-        if len(ckpt["rng"]) == ctx.world_size:
-            set_rng_state(ckpt["rng"][ctx.rank])
-        else:
-            log(ctx, f"note: checkpoint written by {len(ckpt['rng'])} ranks, now {ctx.world_size}: "
-                     "random streams restart (the run continues, not bit for bit)")
+        set_rng_state(ckpt["rng"][ctx.rank])  # agree_on_checkpoint made sure there is one per rank
         log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restart_count()})")
     metrics = MetricsWriter(out / "metrics.jsonl", keep_through=start_epoch) if ctx.is_main else None
 
@@ -201,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = setup()
     try:
         train(cfg, ctx)
+    except Refused:
+        return 2  # rank 0 has printed why; every rank stops
     finally:
         cleanup()
     return 0

@@ -1,0 +1,27 @@
+"""The distributed scripts at the edges of what they can do: they adapt, or refuse once and clearly."""
+
+import json
+
+import pytest
+
+from course_utils import ROOT
+from course_utils.launch import LaunchError, torchrun
+
+SCRIPTS = ROOT / "notebooks" / "scripts"
+
+
+@pytest.mark.slow
+def test_big_batch_lesson_adapts_its_steps_or_refuses_when_the_data_runs_out(tmp_path):
+    # 2 ranks x 100 = 200 images a step: the 1,438 training images hold 7 steps, not 8
+    run = torchrun(SCRIPTS / "ddp_equals_big_batch.py", nproc=2, args=["--batch", "100", "--out", tmp_path],
+                   timeout=240, backend="gloo", show=False)
+    assert "give 7 steps, not --steps 8: running 7" in run.logs[0] and "note:" not in run.logs[1]
+    assert "7 SGD steps" in run.logs[0] and ": False" not in run.logs[0]
+    record = json.loads((tmp_path / "big_batch_rank0.json").read_text())
+    assert record["diffs"]["ddp"] < 1e-12
+    # 2 ranks x 800: not even 2 steps of distinct samples (as with 12 ranks x 16 before)
+    with pytest.raises(LaunchError) as info:
+        torchrun(SCRIPTS / "ddp_equals_big_batch.py", nproc=2, args=["--batch", "800"], timeout=240,
+                 backend="gloo", show=False)
+    said = [text.count("error: 2 ranks x batch 800 = 1600 samples per step") for text in info.value.logs]
+    assert said == [1, 0] and info.value.exit_code == 2
