@@ -44,7 +44,7 @@ def build(mesh) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="folder for the sharded checkpoint")
+    parser.add_argument("--ckpt", required=True, help="folder for the sharded checkpoint (on several nodes: one every node shares)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
     args = parser.parse_args()
