@@ -8,6 +8,7 @@
     python tasks.py test-spawn   # the process-starting notebooks with spawn only (as on Windows/macOS)
     python tasks.py test-pythons # the suite on Python 3.11, 3.12 and 3.13, each in .venv-3.X
     python tasks.py test-gpu     # the GPU lane, in the Python that runs it (no .venv)
+    python tasks.py test-slurm   # chapter 04's sbatch file on a real two-node Slurm on this machine
     python tasks.py stress [--script-runs N] [--notebook-runs M]
                                  # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
@@ -353,6 +354,22 @@ def cmd_test_spawn(argv):
     return in_venv(args, env=env)
 
 
+def cmd_test_slurm(argv):
+    """Chapter 04's sbatch file, unmodified, on a real Slurm cluster of two emulated nodes on this
+    machine (tests/slurm/): needs Debian's `slurm-wlm` and `munge`; run as the user the daemons may
+    run as (root in CI)."""
+    ensure_venv()
+    missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch")
+               if not shutil.which(p) and not Path("/usr/sbin", p).exists()]
+    if missing:
+        die("the Slurm lane needs %s: on Debian or Ubuntu `apt-get install --no-install-recommends "
+            "slurm-wlm munge`." % ", ".join(missing))
+    env = dict(os.environ, COURSE_SLURM_LANE="1")
+    env["PATH"] = os.pathsep.join([str(venv_python().parent), env.get("PATH", "")])  # the job runs `python`
+    args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "slurm")] + list(argv)
+    return in_venv(args, env=env)
+
+
 PYTHONS = ("3.11", "3.12", "3.13")
 
 
@@ -429,6 +446,7 @@ COMMANDS = {
     "test-gpu": cmd_test_gpu,
     "test-pythons": cmd_test_pythons,
     "test-spawn": cmd_test_spawn,
+    "test-slurm": cmd_test_slurm,
 }
 
 
