@@ -8,9 +8,9 @@ Runs on the CPU (gloo) and on GPUs (nccl, one process per GPU) unchanged:
 
 Resumes from OUT_DIR/last.pt when it exists, so the same command continues an interrupted
 run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
-Rank 0 reads the checkpoint and sends it to the other ranks, so only rank 0 needs to see OUT_DIR
-when resuming; a damaged checkpoint, or one written by another number of processes, is refused
-with a message that says what to do (exit code 2).
+Rank 0 reads the checkpoint and sends it to the other ranks, so the replicas never disagree; which
+node gets rank 0 is the rendezvous' choice, so keep OUT_DIR on a filesystem every node shares. A
+damaged checkpoint, or one of another number of processes, is refused with what to do (exit code 2).
 With this PyTorch version, give the launcher ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when it may
 restart: otherwise a restarted attempt can read the previous attempt's gloo addresses from the
 shared rendezvous store and fail to connect (PyTorch issue 135712):
