@@ -34,7 +34,7 @@ from torch.utils.data import (
 from course_utils.data import load_image
 from course_utils.exercises.core import MAX_STRETCH
 
-LIMIT_S = 3.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
+LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
 # charged), up to core.MAX_STRETCH times: slower than that is "slow", much slower a hang.
 SLOW_S = MAX_STRETCH * LIMIT_S + 5
