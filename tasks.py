@@ -205,6 +205,7 @@ STRESS_SCRIPTS = [
     ("ddp_equals_big_batch.py", 2, ["--out", "{out}"]),
     ("fsdp_demo.py", 2, ["--ckpt", "{out}/ckpt"]),
     ("pitfall_rank0_eval.py", 2, []),
+    ("collective_mismatch.py", 2, ["--fixed"]),
     ("spawn_demo.py", 0, []),
     ("train.py", 2, ["--out-dir", "{out}"]),
 ]

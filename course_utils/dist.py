@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,12 +29,20 @@ import torch.distributed as dist
 BACKEND_VAR = "COURSE_BACKEND"
 
 
-def choose_backend(local_world_size: int = 1) -> str:
-    """nccl if CUDA is available with at least one GPU per local rank, else gloo."""
+def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
+    """nccl if CUDA is available with at least one GPU per local rank, else gloo. With GPUs, but
+    fewer than the local ranks, gloo on the CPU, with a warning: on a GPU node that is almost always
+    a wrong ``--nproc-per-node`` (``COURSE_BACKEND=nccl`` turns it into an error). The notebooks'
+    launcher passes ``warn=False``: its 2-process demos on a 1-GPU laptop mean gloo on purpose."""
     if local_world_size < 1:
         raise ValueError(f"local_world_size must be at least 1, got {local_world_size}")
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= local_world_size:
         return "nccl"
+    if gpus and warn:
+        warnings.warn(f"{local_world_size} processes on this node but {gpus} GPU(s): using gloo on the CPU. Start one "
+                      "process per GPU (--nproc-per-node), or set COURSE_BACKEND=nccl to make this an error.",
+                      stacklevel=2)
     return "gloo"
 
 

@@ -646,7 +646,7 @@ def torchrun(
     from .dist import check_backend, choose_backend  # imports torch: only when launching
 
     backend = (backend or (env or {}).get("COURSE_BACKEND") or os.environ.get("COURSE_BACKEND")
-               or choose_backend(nproc))
+               or choose_backend(nproc, warn=False))
     check_backend(str(backend), nproc)
     backend = str(backend)
 
@@ -666,8 +666,8 @@ def torchrun(
     run_env["OMP_NUM_THREADS"] = str(RANK_THREADS)
     run_env["PYTHONUNBUFFERED"] = "1"
     if max_restarts > 0:
-        # Restarted gloo ranks otherwise read the previous attempt's addresses from the shared
-        # rendezvous store and fail to connect or hang (pytorch/pytorch#135712).
+        # Restarted ranks otherwise read the previous attempt's keys (gloo's addresses, and so on for
+        # any backend) from the shared rendezvous store and fail to connect or hang (pytorch/pytorch#135712).
         run_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     run_env.update({k: str(v) for k, v in (env or {}).items()})
     run_env["COURSE_BACKEND"] = backend

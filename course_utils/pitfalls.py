@@ -581,10 +581,9 @@ def _error_text(fn: Callable[[], Any]) -> str:
 def device_mismatch(device: torch.device | str | None = None, seed: int = 0) -> DeviceReport:
     """Reproduce pitfall 4. With a GPU: a real one-process DDP model on ``cuda`` (DDP moves the
     input; labels and class weights left on the CPU break the loss). Without one: the ``meta``
-    device stands in for the GPU, and DDP's own input mover (``torch.distributed.utils._to_kwargs``,
-    what ``DDP.forward`` calls) moves the input; the same loss breaks with the same kind of error."""
-    from torch.distributed.utils import _to_kwargs
-
+    device stands in for the GPU, and the input is moved there as ``DDP.forward``'s input mover
+    does (``x.to(device)``; DDP cannot be built on ``meta``); the same loss breaks with the same
+    kind of error."""
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("meta")
     device = torch.device(device)
@@ -602,8 +601,7 @@ def device_mismatch(device: torch.device | str | None = None, seed: int = 0) -> 
             out = ddp(x)  # DDP moves x to the GPU itself
             report = _device_report(device, out, y, weights, real_ddp=True)
         return report
-    (inputs,), _ = _to_kwargs((x,), {}, device, False)
-    out = model(*inputs)
+    out = model(x.to(device))  # what DDP's forward does to the input
     return _device_report(device, out, y, weights, real_ddp=False)
 
 

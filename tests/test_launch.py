@@ -511,3 +511,22 @@ def test_failure_without_traceback_then_elastic_restart(notebook_mode, capsys, t
         "--- attempt 1 ---\n"
         + "".join(f"[rank {r}] {line}\n" for r in range(2) for line in result.lines(r))
     )
+
+
+def test_choose_backend_warns_when_a_gpu_node_has_fewer_gpus_than_processes():
+    import warnings
+    from unittest import mock
+
+    from course_utils.dist import choose_backend
+
+    with mock.patch("torch.cuda.is_available", return_value=True), \
+         mock.patch("torch.cuda.device_count", return_value=1):
+        with pytest.warns(UserWarning, match="2 processes on this node but 1 GPU"):
+            assert choose_backend(2) == "gloo"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert choose_backend(2, warn=False) == "gloo"  # the notebooks' launcher: gloo on purpose
+            assert choose_backend(1) == "nccl"
+    with mock.patch("torch.cuda.is_available", return_value=False), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert choose_backend(2) == "gloo"  # a CPU machine: nothing to warn about

@@ -6,9 +6,9 @@ Run from the notebooks/ folder (any number of ranks):
     python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/collectives.py
     # or, in a notebook: course_utils.launch.torchrun("scripts/collectives.py", nproc=2)
 
-``init_method="env://"`` means: read MASTER_ADDR and MASTER_PORT (where rank 0's rendezvous
-store listens), RANK and WORLD_SIZE from the environment. torchrun sets them for every process
-it starts; nobody sets them for you under ``mp.spawn``.
+``init_method="env://"`` means: read MASTER_ADDR and MASTER_PORT (where the key-value store
+listens: under torchrun its launcher hosts it; under ``mp.spawn``, rank 0), RANK and WORLD_SIZE
+from the environment. torchrun sets them for every process; nobody does under ``mp.spawn``.
 
 Each rank prints its environment, then one line per collective; with ``--out DIR`` it also
 writes ``DIR/collectives_rank<R>.json`` (the notebook draws it). Integer tensors keep the

@@ -12,8 +12,8 @@ Rank 0 reads the checkpoint and sends it to the other ranks, so the replicas nev
 node gets rank 0 is the rendezvous' choice, so keep OUT_DIR on a filesystem every node shares. A
 damaged checkpoint, or one of another number of processes, is refused with what to do (exit code 2).
 With this PyTorch version, give the launcher ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when it may
-restart: otherwise a restarted attempt can read the previous attempt's gloo addresses from the
-shared rendezvous store and fail to connect (PyTorch issue 135712):
+restart: otherwise a restarted attempt can read the previous attempt's keys (gloo's addresses; any
+backend exchanges its connection details through this store) and fail to connect (PyTorch issue 135712):
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 python -m torch.distributed.run --standalone \
         --nproc-per-node 2 --max-restarts 1 scripts/train.py --crash-at-epoch 2
@@ -119,7 +119,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     train_loader = DataLoader(
         splits.train, batch_size=cfg.batch_size, sampler=train_sampler, num_workers=workers,
         pin_memory=device.type == "cuda", worker_init_fn=seed_worker if workers else None,
-        generator=loader_gen, persistent_workers=workers > 0, timeout=60 if workers else 0,
+        generator=loader_gen, persistent_workers=False, timeout=60 if workers else 0,  # new workers each epoch
     )
 
     # 2. Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
