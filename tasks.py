@@ -9,7 +9,8 @@
     python tasks.py test-pythons # the suite on Python 3.11, 3.12 and 3.13, each in .venv-3.X
     python tasks.py test-gpu     # the GPU lane, in the Python that runs it (no .venv)
     python tasks.py test-slurm   # chapter 04's sbatch file on a real two-node Slurm on this machine
-    python tasks.py stress [--script-runs N] [--notebook-runs M]
+    python tasks.py test-browser # every notebook run and its widgets used in JupyterLab, in headless Chromium
+    python tasks.py stress [--script-runs N] [--notebook-runs M] [--only scripts|notebooks] [--script NAME]
                                  # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
 
@@ -156,8 +157,11 @@ def cmd_lab(argv):
     py = ensure_venv()
     if os.environ.get("JUPYTER_TOKEN", None) == "":
         die("JUPYTER_TOKEN is set but empty; unset it so Jupyter makes a token for you.")
-    args = [str(py), "-m", "jupyter", "lab", "--notebook-dir=" + str(NOTEBOOKS),
-            "--ServerApp.ip=127.0.0.1"]
+    own_dir = any(a.startswith(("--notebook-dir", "--ServerApp.root_dir")) for a in argv)
+    args = [str(py), "-m", "jupyter", "lab"] + ([] if own_dir else ["--notebook-dir=" + str(NOTEBOOKS)]) + [
+            "--ServerApp.ip=127.0.0.1",
+            # offline by design: no news feed, no update check (both are requests to the internet)
+            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--allow-root")  # containers and CI run as root; Jupyter refuses that without the flag
     args += list(argv)
@@ -245,7 +249,7 @@ def run_script(script, nproc, args, env, py=None, timeout=600):
     return ok, rc, text, time.time() - t0, _show(cmd)
 
 
-def stress_scripts(runs, timeout=600):
+def stress_scripts(runs, timeout=600, only=()):
     """Run every script `runs` times; a run fails on a non-zero exit, a timeout, or an abort
     message in its output. Returns rows (command, runs, failures, median s, failing logs)."""
     import statistics
@@ -253,6 +257,8 @@ def stress_scripts(runs, timeout=600):
     STRESS_LOGS.mkdir(exist_ok=True)
     rows = []
     for script, nproc, args in STRESS_SCRIPTS:
+        if only and script not in only:
+            continue
         times, failed = [], []
         shown = None
         for k in range(runs):
@@ -276,14 +282,19 @@ def cmd_stress(argv):
     parser.add_argument("--script-runs", type=int, default=10)
     parser.add_argument("--notebook-runs", type=int, default=3)
     parser.add_argument("--only", choices=["scripts", "notebooks"], default=None)
+    parser.add_argument("--script", action="append", default=[], metavar="NAME",
+                        help="only this script (repeatable), e.g. --script train.py")
     opts = parser.parse_args(argv)
+    unknown = sorted(set(opts.script) - {s[0] for s in STRESS_SCRIPTS})
+    if unknown:
+        die("unknown script(s) %s; the scripts are: %s" % (", ".join(unknown), ", ".join(s[0] for s in STRESS_SCRIPTS)))
     if opts.script_runs < 1 or opts.notebook_runs < 1:
         die("--script-runs and --notebook-runs must be at least 1")
     ensure_venv()
     failures = 0
     if opts.only != "notebooks":
         print("Scripts, %d run(s) each, from notebooks/ ..." % opts.script_runs, flush=True)
-        rows = stress_scripts(opts.script_runs)
+        rows = stress_scripts(opts.script_runs, only=opts.script)
         width = max(len(r[0]) for r in rows)
         print("\n%-*s  %5s  %8s  %8s" % (width, "command", "runs", "failures", "median s"))
         for shown, runs, nfail, med, logs in rows:
@@ -371,6 +382,19 @@ def cmd_test_slurm(argv):
     return in_venv(args, env=env)
 
 
+def cmd_test_browser(argv):
+    """Every notebook in the course's own JupyterLab, in headless Chromium through Playwright: Run All
+    as a learner would, then every widget used (tests/browser/). Needs Chromium (`apt-get install
+    chromium`); Playwright is in the pinned requirements and drives the system browser."""
+    ensure_venv()
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        die("the browser lane needs Chromium: on Debian or Ubuntu `apt-get install chromium`.")
+    env = dict(os.environ, COURSE_BROWSER_LANE="1")
+    env.pop("JUPYTER_TOKEN", None)
+    args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "browser")] + list(argv)
+    return in_venv(args, env=env)
+
+
 PYTHONS = ("3.11", "3.12", "3.13")
 
 
@@ -439,6 +463,7 @@ def cmd_test_pythons(argv):
 
 COMMANDS = {
     "setup": cmd_setup,
+    "test-browser": cmd_test_browser,
     "lab": cmd_lab,
     "test": cmd_test,
     "execute": cmd_execute,

@@ -95,7 +95,18 @@ def setup(backend: str | None = None, timeout_s: float | None = None) -> DistCon
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    backend = backend or os.environ.get(BACKEND_VAR) or choose_backend(local_world)
+    chosen = backend or os.environ.get(BACKEND_VAR)
+    backend = chosen or choose_backend(local_world)
+    if not chosen and backend == "gloo" and world > local_world and torch.cuda.is_available():
+        # On several nodes each node decides alone: one falling back to gloo would mix backends.
+        raise RuntimeError(
+            f"this node has {torch.cuda.device_count()} GPU(s) for {local_world} local processes, so it would "
+            "fall back to gloo while other nodes may use nccl. Start one process per GPU, or set "
+            f"{BACKEND_VAR}=nccl (or gloo) for the whole job.")
+    if backend == "nccl" and "LOCAL_RANK" not in os.environ and world > torch.cuda.device_count():
+        raise RuntimeError(
+            "LOCAL_RANK is not set, and the global rank cannot name a GPU of this node on a job of "
+            f"{world} processes: start the ranks with torchrun, which sets LOCAL_RANK.")
     check_backend(backend, local_world)
     if backend == "nccl":
         device = torch.device("cuda", local_rank)

@@ -254,7 +254,7 @@ def seed_worker(worker_id: int) -> None:
     This restates what PyTorch's worker loop (``torch/utils/data/_utils/worker.py``) has already done
     before it calls a ``worker_init_fn``: one intra-op thread, and torch, ``random`` and NumPy's global
     generator seeded per worker, each time workers start. Without ``persistent_workers`` that is every
-    epoch; with ``persistent_workers=True`` (as in the training script) the workers start once and this
+    epoch, as in the training script; with ``persistent_workers=True`` the workers start once and this
     function runs once per worker, not per epoch: their streams simply go on. The reseeding only swaps
     the seeds for others that also differ per worker; a plain ``DataLoader`` needs no
     ``worker_init_fn`` for this.

@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--fixed", action="store_true", help="every rank broadcasts (the job ends)")
     fixed = parser.parse_args().fixed
     ctx = setup(timeout_s=600.0)
-    buffers = list(nn.BatchNorm1d(64).buffers())  # what DDP broadcasts: running_mean, running_var, num_batches_tracked
+    buffers = list(nn.BatchNorm1d(64).to(ctx.device).buffers())  # what DDP broadcasts: running_mean, running_var, num_batches_tracked
     mode = dist.get_debug_level().name
     rprint(f"TORCH_DISTRIBUTED_DEBUG={mode}")
     try:
