@@ -548,7 +548,8 @@ def max_abs_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -
 
 
 def restart_count() -> int:
-    """How many times the elastic launcher has restarted this job (0 on the first attempt)."""
+    """How many times this node's elastic launcher has restarted its workers (0 on the first attempt; on
+    several nodes only the launcher of the node whose worker failed counts up)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 

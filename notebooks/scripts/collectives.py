@@ -7,7 +7,7 @@ Run from the notebooks/ folder (any number of ranks):
     # or, in a notebook: course_utils.launch.torchrun("scripts/collectives.py", nproc=2)
 
 ``init_method="env://"`` means: read MASTER_ADDR and MASTER_PORT (where the key-value store
-listens: under torchrun its launcher hosts it; under ``mp.spawn``, rank 0), RANK and WORLD_SIZE
+listens: under torchrun, by default, a launcher hosts it; else rank 0), RANK and WORLD_SIZE
 from the environment. torchrun sets them for every process; nobody does under ``mp.spawn``.
 
 Each rank prints its environment, then one line per collective; with ``--out DIR`` it also

@@ -152,7 +152,7 @@ def main() -> None:
     rprint(f"all-reduce calls per optimizer step: DDP {calls_ddp}, accumulation with no_sync {calls_acc}, "
            f"accumulation without no_sync {calls_acc_sync}")
 
-    # 3. Buckets and overlap: tiny buckets, so each layer's gradients get their own all-reduce.
+    # 3. Buckets and overlap: tiny buckets, so each layer's gradients get their own all-reduce (from step 2).
     events: list[str] = []
     model = make_model(dev)
     names = {p: name for name, p in model.named_parameters()}

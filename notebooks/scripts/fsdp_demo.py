@@ -3,7 +3,7 @@ its gradient and its optimizer state; a sharded checkpoint is saved and loaded b
 
 Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/fsdp_demo.py --ckpt /tmp/ckpt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/fsdp_demo.py --ckpt /tmp/ckpt  # on several nodes: a shared folder
     # or, in a notebook: course_utils.launch.torchrun("scripts/fsdp_demo.py", nproc=2, args=[...])
 
 The checkpoint is written with ``torch.distributed.checkpoint`` (one file per rank plus

@@ -26,7 +26,7 @@ by their order in the process group, not by the line of code that calls them, so
 Every rank counts the collectives its DDP wrapper makes (buffer broadcasts, and gradient
 all-reduces through a communication hook that does what DDP does by default) and prints the
 counts after each epoch and each evaluation: the counts show the accidental pairing.
-The process group's timeout is 10 minutes here (PyTorch's default is 30): as in a real job, a
+The process group's timeout is 10 minutes here (PyTorch's default: 30 with gloo, 10 with nccl): a
 hang is not reported quickly; the launcher's own timeout is what stops it.
 """
 

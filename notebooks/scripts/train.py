@@ -93,8 +93,8 @@ def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, path: Path) -> dict 
                     "another --out-dir."
                 )
             found[0] = ("ok", ckpt)
-        except CheckpointError as exc:
-            found[0] = ("refused", str(exc))
+        except Exception as exc:  # refused once, never a rank left waiting: a bad file, a flaky filesystem
+            found[0] = ("refused", str(exc) if isinstance(exc, CheckpointError) else f"{path} could not be read ({type(exc).__name__}: {exc}): move it away or pass --no-resume")
     dist.broadcast_object_list(found, src=0, device=ctx.device if ctx.backend == "nccl" else None)
     verdict, payload = found[0]
     if verdict == "refused":
