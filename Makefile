@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab test test-spawn test-pythons test-gpu test-slurm execute bench stress setup doctor lint
+.PHONY: lab test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint
 lab:
 	@$(PYTHON) tasks.py lab
 test:
@@ -14,6 +14,8 @@ test-gpu:
 	@$(PYTHON) tasks.py test-gpu
 test-slurm:
 	@$(PYTHON) tasks.py test-slurm
+test-browser:
+	@$(PYTHON) tasks.py test-browser
 execute:
 	@$(PYTHON) tasks.py execute
 bench:

@@ -43,7 +43,7 @@ def test_environment_yml_agrees_with_requirements():
 def test_make_targets_call_the_task_runner():
     mk = (ROOT / "Makefile").read_text()
     for target in ("lab", "test", "execute", "bench", "stress", "test-spawn", "test-pythons", "test-gpu",
-                   "test-slurm"):
+                   "test-slurm", "test-browser"):
         assert re.search(rf"^{target}:.*\n\t@\$\(PYTHON\) tasks.py {target}$", mk, re.M), target
         assert target in tasks.COMMANDS
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", " "))]

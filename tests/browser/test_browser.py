@@ -1,0 +1,281 @@
+"""The browser lane (``make test-browser``): every notebook opened in the course's own JupyterLab in
+headless Chromium, run with Run > Run All Cells as a learner would, then checked: the run reached the
+end, the only errors are in the cells marked as expected failures, every widget and image rendered, and
+the page asked nothing of any host but localhost. The widgets are then used (``test_widgets.py``).
+On a failure, a screenshot and the browser's console log are left in ``.browser-failures/``.
+Skipped outside the lane."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from .lab import ROOT, browser, chromium_path, course_lab
+
+pytestmark = pytest.mark.skipif(os.environ.get("COURSE_BROWSER_LANE") != "1",
+                                reason="the browser lane: make test-browser")
+
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+FAILURES = ROOT / ".browser-failures"
+TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    assert chromium_path(), "install the lane's browser: apt-get install chromium"
+    with course_lab(tmp_path_factory.mktemp("lab")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with browser() as b:
+        yield b
+
+
+def keep_evidence(page, name: str) -> Path:
+    """A screenshot and the console log of `page`, in .browser-failures/<name>/."""
+    folder = FAILURES / name
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / "screenshot.png"), full_page=True)
+    (folder / "console.log").write_text("\n".join(page.console_lines) + "\n")
+    return folder
+
+
+def save(page) -> None:
+    page.click("li.lm-MenuBar-item:has-text('File')")
+    page.click(".lm-Menu-item:has-text('Save Notebook')")
+    page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
+
+
+CELLS = ".jp-Notebook .jp-WindowedPanel-viewport > .jp-Cell"  # the notebook's own cells, not cells shown in outputs
+DOM_CELLS = """() => [...document.querySelectorAll('""" + CELLS + """')].map(c => ({
+    code: c.classList.contains('jp-CodeCell'),
+    widgetError: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.includes('Error displaying widget'),
+    widgetLoading: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.includes('Loading widget'),
+    widgets: c.querySelectorAll('.jp-OutputArea .jupyter-widgets').length,
+    images: [...c.querySelectorAll('.jp-OutputArea img')].map(i => i.complete && i.naturalWidth > 0),
+}))"""
+
+
+def problems(saved: dict, dom: list[dict]) -> list[str]:
+    """What is wrong after Run All: cell by cell, the saved notebook next to what the page shows."""
+    found = []
+    cells = saved["cells"]
+    if len(cells) != len(dom):
+        return [f"the page shows {len(dom)} cells, the notebook has {len(cells)}"]
+    for i, (cell, view) in enumerate(zip(cells, dom, strict=True)):
+        if cell["cell_type"] != "code":
+            continue
+        where = f"cell {i} ({cell.get('id')})"
+        expected = "raises-exception" in cell.get("metadata", {}).get("tags", [])
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if cell.get("execution_count") is None:
+            found.append(f"{where} never ran: Run All stopped before it")
+        if errors and not expected:
+            found.append(f"{where} raised {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
+        wants_widget = any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+                           for o in cell.get("outputs", []))
+        if view["widgetError"]:
+            found.append(f"{where}: 'Error displaying widget'")
+        if view["widgetLoading"]:
+            found.append(f"{where}: a widget still loading")
+        if wants_widget and not view["widgets"]:
+            found.append(f"{where}: a widget output, but no widget on the page")
+        if not all(view["images"]):
+            found.append(f"{where}: an image did not render")
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_run_all_in_jupyterlab(lab, chromium, notebook):
+    page = lab.open(chromium, notebook)
+    try:
+        seconds = lab.run_all(page)
+        TIMES[notebook] = seconds
+        time.sleep(2)  # widget views render a moment after their output arrives
+        save(page)
+        saved = json.loads((lab.root / notebook).read_text())
+        found = problems(saved, page.evaluate(DOM_CELLS))
+        if lab.outside_requests:
+            found.append(f"requests to other hosts: {lab.outside_requests[:5]}")
+        if found:
+            folder = keep_evidence(page, notebook.removesuffix(".ipynb"))
+            pytest.fail(f"{notebook} after Run All ({seconds:.0f} s):\n  " + "\n  ".join(found)
+                        + f"\nscreenshot and console log: {folder}")
+        try:
+            used = use_widgets(page, notebook, saved)
+        except AssertionError as exc:
+            folder = keep_evidence(page, notebook.removesuffix(".ipynb"))
+            pytest.fail(f"{notebook}: {exc}\nscreenshot and console log: {folder}")
+        print(f"{notebook}: Run All in {seconds:.1f} s, {used} widget interaction(s) checked")
+    finally:
+        page.context.close()
+        lab.shutdown_kernels()
+
+
+def test_the_lab_is_offline_and_runs_the_course_kernel(lab, chromium):
+    """`make lab`'s server: news feed and update check off; the page asks only localhost; the kernel is
+    the course's .venv Python, with course_utils importable; the login page asks for the token."""
+    import urllib.request
+
+    login = urllib.request.urlopen(f"{lab.url}/lab").read().decode()
+    assert "token" in login.lower() or "password" in login.lower()
+    page = lab.open(chromium, "00_start_here.ipynb")
+    try:
+        config = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+        assert config.get("news", {}).get("disabled") is True, config.get("news")
+        # a new cell at the end: which Python runs the kernel, and course_utils imports
+        page.locator(CELLS).last.click()
+        page.keyboard.press("Escape")
+        page.keyboard.press("b")
+        page.keyboard.press("Enter")
+        page.keyboard.type("import sys, course_utils; print('KERNEL', sys.prefix)")
+        page.keyboard.press("Shift+Enter")
+        out = page.wait_for_selector(".jp-OutputArea-output:has-text('KERNEL /')", timeout=120_000)
+        assert out.inner_text().strip() == f"KERNEL {ROOT / '.venv'}", out.inner_text()
+        assert not lab.outside_requests, lab.outside_requests
+    finally:
+        page.context.close()
+        lab.shutdown_kernels()
+
+
+# ------------------------------------------------------------------ using every widget
+# Each spec: the widget's cell, what a learner does to it, and the plain function behind it for
+# that setting, run in a new cell of the same kernel. The widget's view must then show what that
+# cell shows: the same text, and the same images where both are inline PNGs.
+
+PLT = "import matplotlib.pyplot as plt; "
+WIDGETS = {
+    "00_start_here.ipynb": [
+        ("f857490b", [("slider", "seed", "3")],
+         PLT + "from course_utils import gallery; d = gallery.GALLERY_DEFAULTS; gallery.show(d['split'], d['label'], d['n'], 3); plt.show()"),
+        ("f857490b", [("toggle", "test")],
+         PLT + "from course_utils import gallery; d = gallery.GALLERY_DEFAULTS; gallery.show('test', d['label'], d['n'], 3); plt.show()"),
+    ],
+    "01_autograd.ipynb": [
+        ("226d7a89", [("slider", "x", "1.0")],
+         PLT + "from course_utils.autograd_tools import sigmoid_example_text as t, sigmoid_example_figure as f; print(t(1.0, 3.0, 1.0)); f(1.0, 3.0, 1.0); plt.show()"),
+        ("92dbbc30", [("slider", "step", "3")],
+         "import torch; from course_utils.graph import step_view; x, w, b = (torch.tensor([v], requires_grad=True) for v in (2.0, 3.0, 1.0)); y = w * x + b; z = torch.sigmoid(y); print(step_view(z, {'x': x, 'w': w, 'b': b, 'y': y, 'z': z}, 2).text)"),
+    ],
+    "02_nn_module.ipynb": [
+        ("962d3551", [("slider", "depth", "1")],
+         PLT + "cm.show_model_builder(**{**cm.BUILDER_DEFAULTS, 'depth': 1}, x=X_test[:256])"),
+        ("962d3551", [("dropdown", "activation", "tanh")],
+         PLT + "cm.show_model_builder(**{**cm.BUILDER_DEFAULTS, 'depth': 1, 'activation': 'tanh'}, x=X_test[:256])"),
+    ],
+    "03_data_loading.ipynb": [
+        ("96c4b707", [("slider", "seed", "2")],
+         PLT + "d = loading.BATCH_BROWSER_DEFAULTS; v = loading.batch_view(y_imb.tolist(), d['batch_size'], d['shuffle'], 2, d['sampler'], d['epoch'], d['batch']); print('indices:', v.indices); loading.draw_batch_view(v, X[keep], None); plt.show()"),
+    ],
+    "04_distributed.ipynb": [
+        ("a91a555d", [("checkbox", "shuffle")],
+         PLT + "from course_utils.dist_viz import draw_sampler, EXPLORER_DEFAULTS as d; draw_sampler(d['n'], d['world_size'], d['epoch'], not d['shuffle'], d['drop_last'], d['seed']); plt.show()"),
+    ],
+    "05_full_pipeline.ipynb": [
+        ("b025e670", [("slider", "samples", "100")], "print(padding_report(100, 2))"),
+    ],
+    "06_pitfalls.ipynb": [
+        ("50adadd5", [("checkbox", "model.train() forgotten after validation")],
+         "from IPython.display import display; import matplotlib.pyplot as plt; c = ['no_zero_grad', 'no_train_after_eval']; f = pitfalls.switchboard_figure(c); display(f); plt.close(f); print(pitfalls.switchboard_summary(c))"),
+    ],
+}
+
+VIEW = """(cell) => {
+    const area = cell.querySelector('.jp-OutputArea');
+    const outs = [...area.querySelectorAll('.widget-output')];
+    const roots = outs.length ? outs : [area];
+    const text = roots.map(o => o.innerText).join('\\n');
+    const pre = [...area.querySelectorAll('.widget-html pre')].map(p => p.innerText).join('\\n');
+    const images = [...area.querySelectorAll('img')].map(i => i.src.startsWith('data:') ? i.src : 'rendered:' + (i.naturalWidth > 0));
+    const error = area.innerText.includes('Traceback') || area.innerText.includes('Error displaying widget');
+    return {text: outs.length ? text : pre, images, error};
+}"""
+
+
+def _cell(page, index):
+    return page.locator(CELLS).nth(index)
+
+
+def act(cell, op) -> None:
+    kind, label, *value = op
+    if kind == "slider":
+        widget = cell.locator(".widget-slider", has=cell.page.locator(f".widget-label:text-is('{label}')"))
+        readout = widget.locator(".widget-readout")
+        readout.click()
+        readout.press("Control+a")
+        readout.type(value[0])
+        readout.press("Enter")
+    elif kind == "dropdown":
+        cell.locator(".widget-dropdown", has=cell.page.locator(f".widget-label:text-is('{label}')")).locator(
+            "select").select_option(label=value[0])
+    elif kind == "checkbox":
+        cell.locator(".widget-checkbox", has_text=label).locator("input").click()
+    elif kind == "toggle":
+        cell.locator(".widget-toggle-button", has_text=label).click()
+    else:
+        raise ValueError(kind)
+
+
+def run_reference(page, code: str, marker: str):
+    """A new cell at the end with `code`, run with Shift+Enter; its rendered output."""
+    page.locator(CELLS).last.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")
+    page.keyboard.press("Enter")
+    page.keyboard.type(f"# {marker}\n")
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    cell = page.locator(".jp-CodeCell", has=page.locator(f".cm-content:has-text('# {marker}')")).last
+    cell.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]")).wait_for(timeout=180_000)
+    time.sleep(0.5)
+    return cell.evaluate("""(cell) => {
+        const area = cell.querySelector('.jp-OutputArea');
+        return {text: [...area.querySelectorAll('.jp-OutputArea-output')].map(o => o.innerText).join('\\n'),
+                images: [...area.querySelectorAll('img')].map(i => i.src),
+                error: area.innerText.includes('Traceback')};
+    }""")
+
+
+def _norm(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())
+
+
+def _matches(now: dict, want: dict) -> bool:
+    inline = [i for i in now["images"] if i.startswith("data:")]
+    same_images = inline == want["images"] if (inline or want["images"]) else True
+    return _norm(now["text"]) == _norm(want["text"]) and same_images
+
+
+def use_widgets(page, notebook: str, saved: dict) -> int:
+    """Every widget of `notebook` used as specified; the number of interactions checked. The widget
+    redraws in the kernel while the reference cell runs; its view is then polled until it shows what
+    the reference shows (or a minute has passed)."""
+    ids = [c.get("id") for c in saved["cells"]]
+    done = 0
+    for k, (cell_id, ops, code) in enumerate(WIDGETS.get(notebook, [])):
+        cell = _cell(page, ids.index(cell_id))
+        before = cell.evaluate(VIEW)
+        for op in ops:
+            act(cell, op)
+        want = run_reference(page, code, f"reference {k}")
+        assert not want["error"], f"the reference cell failed: {want['text'][-1500:]}"
+        deadline = time.monotonic() + 60
+        now = cell.evaluate(VIEW)
+        while not _matches(now, want) and not now["error"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = cell.evaluate(VIEW)
+        assert not now["error"], f"{cell_id}: the widget shows an error after {ops}: {now['text'][-1500:]}"
+        assert now != before, f"{cell_id}: the widget did not change after {ops}"
+        assert _norm(now["text"]) == _norm(want["text"]), (
+            f"{cell_id} after {ops}: the widget shows\n{now['text'][:1500]}\nbut the plain function gives\n{want['text'][:1500]}")
+        assert _matches(now, want), (f"{cell_id} after {ops}: the widget's images ({len(now['images'])}) are not "
+                                     f"the plain function's ({len(want['images'])})")
+        done += 1
+    return done
