@@ -7,6 +7,7 @@ Skipped outside the lane."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -166,9 +167,9 @@ WIDGETS = {
     ],
     "02_nn_module.ipynb": [
         ("962d3551", [("slider", "depth", "1")],
-         PLT + "cm.show_model_builder(**{**cm.BUILDER_DEFAULTS, 'depth': 1}, x=X_test[:256])"),
+         PLT + "cm.show_model_builder(**{**cm.BUILDER_DEFAULTS, 'depth': 1}, x=X_test[:256]);"),
         ("962d3551", [("dropdown", "activation", "tanh")],
-         PLT + "cm.show_model_builder(**{**cm.BUILDER_DEFAULTS, 'depth': 1, 'activation': 'tanh'}, x=X_test[:256])"),
+         PLT + "cm.show_model_builder(**{**cm.BUILDER_DEFAULTS, 'depth': 1, 'activation': 'tanh'}, x=X_test[:256]);"),
     ],
     "03_data_loading.ipynb": [
         ("96c4b707", [("slider", "seed", "2")],
@@ -191,7 +192,10 @@ VIEW = """(cell) => {
     const area = cell.querySelector('.jp-OutputArea');
     const outs = [...area.querySelectorAll('.widget-output')];
     const roots = outs.length ? outs : [area];
-    const text = roots.map(o => o.innerText).join('\\n');
+    // stdout and rich outputs; stderr (a warning shown once per process) is not part of the view
+    const text = roots.map(o => [...o.querySelectorAll('.jp-OutputArea-output')]
+        .filter(e => e.getAttribute('data-mime-type') !== 'application/vnd.jupyter.stderr')
+        .map(e => e.innerText).join('\\n')).join('\\n');
     const pre = [...area.querySelectorAll('.widget-html pre')].map(p => p.innerText).join('\\n');
     const images = [...area.querySelectorAll('img')].map(i => i.src.startsWith('data:') ? i.src : 'rendered:' + (i.naturalWidth > 0));
     const error = area.innerText.includes('Traceback') || area.innerText.includes('Error displaying widget');
@@ -237,7 +241,9 @@ def run_reference(page, code: str, marker: str):
     time.sleep(0.5)
     return cell.evaluate("""(cell) => {
         const area = cell.querySelector('.jp-OutputArea');
-        return {text: [...area.querySelectorAll('.jp-OutputArea-output')].map(o => o.innerText).join('\\n'),
+        return {text: [...area.querySelectorAll('.jp-OutputArea-output')]
+                    .filter(e => e.getAttribute('data-mime-type') !== 'application/vnd.jupyter.stderr')
+                    .map(o => o.innerText).join('\\n'),
                 images: [...area.querySelectorAll('img')].map(i => i.src),
                 error: area.innerText.includes('Traceback')};
     }""")
@@ -275,7 +281,13 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
         assert now != before, f"{cell_id}: the widget did not change after {ops}"
         assert _norm(now["text"]) == _norm(want["text"]), (
             f"{cell_id} after {ops}: the widget shows\n{now['text'][:1500]}\nbut the plain function gives\n{want['text'][:1500]}")
+        if not _matches(now, want):
+            folder = FAILURES / notebook.removesuffix(".ipynb")
+            folder.mkdir(parents=True, exist_ok=True)
+            for who, images in (("widget", now["images"]), ("plain", want["images"])):
+                for j, src in enumerate(i for i in images if i.startswith("data:image/png;base64,")):
+                    (folder / f"{cell_id}-{k}-{who}-{j}.png").write_bytes(base64.b64decode(src.split(",", 1)[1]))
         assert _matches(now, want), (f"{cell_id} after {ops}: the widget's images ({len(now['images'])}) are not "
-                                     f"the plain function's ({len(want['images'])})")
+                                     f"the plain function's ({len(want['images'])}); both are in {FAILURES}")
         done += 1
     return done
