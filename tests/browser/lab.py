@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,12 +36,6 @@ def chromium_path() -> str | None:
         if found:
             return found
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # JupyterLab renders only the cells in view of a long notebook by default ("windowing"): every cell
@@ -137,7 +130,9 @@ def course_lab(tmp: Path, notebooks: Path | None = None) -> Iterator[Lab]:
         f = settings / name
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
-    port, token = _free_port(), secrets.token_hex(16)
+    from course_utils.dist_viz import free_port
+
+    port, token = free_port(), secrets.token_hex(16)
     log = tmp / "lab.log"
     env = dict(os.environ, JUPYTER_TOKEN=token, JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"))

@@ -132,14 +132,8 @@ def test_the_lab_is_offline_and_runs_the_course_kernel(lab, chromium):
         config = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
         assert config.get("news", {}).get("disabled") is True, config.get("news")
         # a new cell at the end: which Python runs the kernel, and course_utils imports
-        page.locator(CELLS).last.click()
-        page.keyboard.press("Escape")
-        page.keyboard.press("b")
-        page.keyboard.press("Enter")
-        page.keyboard.type("import sys, course_utils; print('KERNEL', sys.prefix)")
-        page.keyboard.press("Shift+Enter")
-        out = page.wait_for_selector(".jp-OutputArea-output:has-text('KERNEL /')", timeout=120_000)
-        assert out.inner_text().strip() == f"KERNEL {ROOT / '.venv'}", out.inner_text()
+        out = run_reference(page, "import sys, course_utils; print('KERNEL', sys.prefix)", "kernel")
+        assert out["text"].strip() == f"KERNEL {ROOT / '.venv'}", out["text"]
         assert not lab.outside_requests, lab.outside_requests
     finally:
         page.context.close()
