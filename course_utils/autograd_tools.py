@@ -115,7 +115,8 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
 def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
     """Sliders for x, w and b; shows z, the three gradients and the tangent (ipywidgets)."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
+
+    from . import show_figure
 
     def slider(name: str, value: float) -> Any:
         return widgets.FloatSlider(value=value, min=-10.0, max=10.0, step=0.1, description=name,
@@ -125,8 +126,7 @@ def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
 
     def show(x: float, w: float, b: float) -> None:
         print(sigmoid_example_text(x, w, b))
-        sigmoid_example_figure(x, w, b)
-        plt.show()
+        show_figure(sigmoid_example_figure(x, w, b))
 
     out = widgets.interactive_output(show, {"x": sx, "w": sw, "b": sb})
     return widgets.VBox([widgets.HBox([sx, sw, sb]), out])

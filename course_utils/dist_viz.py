@@ -213,7 +213,8 @@ def sampler_explorer() -> Any:
     """Sliders for data set size, world size and epoch, boxes for shuffle and drop_last: the
     view of :func:`draw_sampler`, redrawn on every change (ipywidgets)."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
+
+    from . import show_figure
 
     d = EXPLORER_DEFAULTS
     n = w.IntSlider(value=d["n"], min=1, max=20, description="items", continuous_update=False)
@@ -223,8 +224,7 @@ def sampler_explorer() -> Any:
     drop_last = w.Checkbox(value=d["drop_last"], description="drop_last")
 
     def show(n: int, world_size: int, epoch: int, shuffle: bool, drop_last: bool) -> None:
-        draw_sampler(n, world_size, epoch, shuffle, drop_last, d["seed"])
-        plt.show()
+        show_figure(draw_sampler(n, world_size, epoch, shuffle, drop_last, d["seed"]))
 
     out = w.interactive_output(show, {"n": n, "world_size": world, "epoch": epoch, "shuffle": shuffle,
                                       "drop_last": drop_last})

@@ -61,11 +61,11 @@ def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D[
 def gallery_widget():
     """Sliders for split, class, count and seed over :func:`show`, starting at :data:`GALLERY_DEFAULTS`."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
+
+    from . import show_figure
 
     def update(split, label, n, seed):
-        show(split, None if label < 0 else label, n, seed)
-        plt.show()
+        show_figure(show(split, None if label < 0 else label, n, seed))
 
     d = GALLERY_DEFAULTS
     return w.interactive(

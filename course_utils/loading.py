@@ -1170,7 +1170,8 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence[str
 def batch_browser(images: torch.Tensor, labels: Sequence[int], classes: Sequence[str] | None = None) -> Any:
     """An ipywidgets browser over :func:`batch_view`: batch size, shuffle, seed, sampler, epoch, batch."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
+
+    from . import show_figure
 
     d = BATCH_BROWSER_DEFAULTS
     n = len(labels)
@@ -1192,8 +1193,7 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int], classes: Sequence
                 print(f"DataLoader would refuse this: {exc}")
                 return
             print("indices:", view.indices)
-            draw_batch_view(view, images, classes)
-            plt.show()
+            show_figure(draw_batch_view(view, images, classes))
 
     for ctl in (bs, shuffle, seed, sampler, epoch, batch):
         ctl.observe(redraw, names="value")

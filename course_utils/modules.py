@@ -759,11 +759,10 @@ def show_model_builder(depth: int = BUILDER_DEFAULTS["depth"], width: int = BUIL
     result = model_builder(depth, width, activation, dropout, norm, x=x)
     print(format_builder(result))
     if plot:
-        import matplotlib.pyplot as plt
+        from . import show_figure
 
-        plot_activation_stats(result.stats, title=f"{depth} hidden layers of {width}, {activation}, "
-                                                  f"dropout {dropout:.2f}, norm: {norm}")
-        plt.show()
+        show_figure(plot_activation_stats(result.stats, title=f"{depth} hidden layers of {width}, {activation}, "
+                                                              f"dropout {dropout:.2f}, norm: {norm}"))
     return result
 
 

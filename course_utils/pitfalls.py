@@ -1069,8 +1069,9 @@ def switchboard_overview(**kwargs: Any) -> str:
 def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
     """Checkboxes, one per mistake; the figure and numbers redraw when one is switched."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
     from IPython.display import display
+
+    from . import show_figure
 
     boxes = {k: widgets.Checkbox(value=k in default, description=v, indent=False,
                                  layout=widgets.Layout(width="auto")) for k, v in SWITCHES.items()}
@@ -1080,9 +1081,7 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
         chosen = [k for k, b in boxes.items() if b.value]
         with out:
             out.clear_output(wait=True)
-            fig = switchboard_figure(chosen)
-            display(fig)
-            plt.close(fig)
+            show_figure(switchboard_figure(chosen))
             print(switchboard_summary(chosen))
 
     for b in boxes.values():

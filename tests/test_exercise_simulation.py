@@ -13,6 +13,7 @@ import random
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -32,7 +33,7 @@ from torch.utils.data import (
 )
 
 from course_utils.data import load_image
-from course_utils.exercises.core import MAX_STRETCH
+from course_utils.exercises.core import MAX_STRETCH, _asleep
 
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
@@ -1235,6 +1236,7 @@ def simulate(mod_name, q_name):
     ex = getattr(importlib.import_module(f"course_utils.exercises.{mod_name}"), q_name)
     plan = SIMULATION[(mod_name, q_name)]
     rows = []
+    threads_before = set(threading.enumerate())
     answers = [("right", k, f) for k, f in plan["right"].items()]
     answers += [("wrong", k, f) for k, f in plan["wrong"].items()]
     answers += [("hostile", k, f) for k, f in HOSTILE.items()] + [("hostile", "None", lambda: None)]
@@ -1263,6 +1265,9 @@ def simulate(mod_name, q_name):
         elif snap is not None and not _same_snapshot(snap, answer):
             problem = "side effect: changed the learner's answer"
         rows.append((kind, label, problem, "" if result is None else f"{result.status}: {result.message}"))
+    time.sleep(0.2)
+    running = [t.name for t in threading.enumerate() if t not in threads_before and not _asleep(t.native_id)]
+    rows.append(("threads", "left running", f"threads still running after the checks: {running}" if running else None, ""))
     for what in ("hint", "solution"):
         before = _session_state()
         getattr(ex, what)()

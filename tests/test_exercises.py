@@ -197,6 +197,27 @@ def test_a_check_off_the_main_thread_is_bounded_too(monkeypatch):
     assert box and "did not finish" in box[0].message and time.monotonic() - start < 0.5 * core.MAX_STRETCH + 3
 
 
+def test_a_spinning_answer_on_simulated_ranks_leaves_no_thread_running(monkeypatch):
+    """ch04 runs an answer on one thread per simulated rank. A spinning answer must be stopped on every
+    rank when its check ends: a thread left spinning holds the GIL and slows every later check (once
+    past the time limit, so right answers were called endless). An interrupted Thread.join() can mark a
+    running thread as ended, so the ranks' end is awaited in another way."""
+    from course_utils.exercises import ch04
+
+    monkeypatch.setattr(core, "TIME_LIMIT_S", 0.5)
+
+    def spin(*args):
+        while True:
+            pass
+
+    before = set(threading.enumerate())
+    assert ch04.q2.check(spin).status == "incorrect"
+    deadline = time.monotonic() + 3
+    while (left := [t for t in threading.enumerate() if t not in before]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"threads still running after the check: {left}"
+
+
 @pytest.mark.parametrize("on_main_thread", [True, False])
 def test_time_spent_waiting_for_a_cpu_is_not_charged(on_main_thread, monkeypatch):
     """A right answer on a starved machine stays right: only the time the code could run counts."""

@@ -170,3 +170,52 @@ def test_nbval_fails_when_a_stored_output_is_changed(tmp_path):
     assert re.search(r"\b1 failed\b", summary), summary
     assert re.search(r"FAILED changed.ipynb::Cell \d+", proc.stdout), proc.stdout[-2000:]
     assert "Cell outputs differ" in proc.stdout and "unchanged.ipynb" not in summary
+
+
+def _controls(widget):
+    """Every slider, checkbox and menu inside a widget tree."""
+    import ipywidgets as w
+
+    if isinstance(widget, w.IntSlider | w.FloatSlider | w.Checkbox | w.Dropdown):
+        yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _controls(child)
+
+
+def _widgets():
+    import torch
+
+    from course_utils import autograd_tools, dist_viz, gallery, loading, modules, pitfalls
+
+    images, labels = torch.rand(40, 1, 28, 28), [i % 10 for i in range(40)]
+    return {"sigmoid_explorer": autograd_tools.sigmoid_explorer, "sampler_explorer": dist_viz.sampler_explorer,
+            "gallery_widget": gallery.gallery_widget, "batch_browser": lambda: loading.batch_browser(images, labels),
+            "model_builder_widget": lambda: modules.model_builder_widget(torch.randn(64, 784)),
+            "switchboard_widget": lambda: pitfalls.switchboard_widget(default=())}
+
+
+@pytest.mark.parametrize("name", ["sigmoid_explorer", "sampler_explorer", "gallery_widget", "batch_browser",
+                                  "model_builder_widget", "switchboard_widget"])
+def test_widget_callbacks_leave_no_figure_open(name, monkeypatch):
+    """A widget draws its figure and closes it (course_utils.show_figure). ipykernel runs the inline
+    backend's end-of-cell hook after every widget message, and in JupyterLab a figure left open was
+    drawn there again, blank, in place of the widget's real figure (found by the browser lane)."""
+    import ipywidgets
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.extend(objs))
+    plt.close("all")
+    ui = _widgets()[name]()
+    assert plt.get_fignums() == [], f"{name} left a figure open when it was built"
+    control = next(c for c in _controls(ui) if not isinstance(c, ipywidgets.Dropdown))
+    if isinstance(control.value, bool):
+        control.value = not control.value
+    else:
+        control.value += control.step if control.value < control.max else -control.step
+    assert plt.get_fignums() == [], f"{name} left a figure open after {control.description} changed"
+    assert any(isinstance(o, matplotlib.figure.Figure) for o in shown), f"{name} showed no figure"
+    plt.close("all")

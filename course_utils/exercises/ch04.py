@@ -75,19 +75,24 @@ def run_on_ranks(fn: Callable[..., Any], world: _World, args: Sequence[tuple]) -
     results: list[Any] = [None] * world.size
     errors: list[BaseException | None] = [None] * world.size
 
+    finished = [threading.Event() for _ in range(world.size)]
+
     def run(r: int) -> None:
         try:
             results[r] = fn(*args[r])
         except BaseException as exc:  # re-raised below, in the caller's thread
             errors[r] = exc
             world.barrier.abort()
+        finally:
+            finished[r].set()
 
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world.size)]
-    for t in threads:
-        t.start()
     try:
         for t in threads:
-            t.join()  # the check's time limit interrupts this wait
+            t.start()
+        for done in finished:
+            done.wait()  # the check's time limit interrupts this wait (not join(): an interrupted
+            # join() can mark a running thread as ended, and then it is never stopped)
     finally:
         world.barrier.abort()
         stop_threads(threads)

@@ -111,11 +111,19 @@ def untouched() -> Iterator[None]:
             torch.set_num_threads(saved[6])
 
 
-def stop_threads(threads: Sequence[threading.Thread]) -> None:
-    """Ask threads still running the learner's code to stop (at their next Python instruction)."""
-    for t in threads:
-        if t.is_alive() and t.ident is not None:
+def stop_threads(threads: Sequence[threading.Thread], wait: float = 2.0) -> None:
+    """Stop threads still running the learner's code (at their next Python instruction), so that a
+    spinning answer does not keep a CPU and the GIL after its check. A request can be lost when several
+    threads get one at once, so it is repeated until they have ended, for up to `wait` seconds; a
+    thread asleep in C (``time.sleep``) ends when it wakes."""
+    deadline = time.monotonic() + wait
+    alive = [t for t in threads if t.is_alive() and t.ident is not None]
+    while alive and time.monotonic() < deadline:
+        for t in alive:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(SystemExit))
+        for t in alive:
+            t.join(0.01)
+        alive = [t for t in alive if t.is_alive() and not _asleep(t.native_id)]
 
 
 def _cpu_wait(tid: int | None = None) -> float:
@@ -127,6 +135,15 @@ def _cpu_wait(tid: int | None = None) -> float:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _asleep(tid: int | None) -> bool:
+    """Whether thread `tid` is asleep (state S or D): it uses no CPU, and cannot be stopped until it wakes."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in "SD"
+    except (OSError, IndexError, TypeError):
+        return False
 
 
 MAX_STRETCH = 3.0  # on a busy machine a limit grows by the time spent waiting for a CPU, up to this factor

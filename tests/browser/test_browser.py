@@ -221,6 +221,18 @@ def act(cell, op) -> None:
         raise ValueError(kind)
 
 
+def settle(page, cell, before: dict, timeout: float = 60) -> None:
+    """Wait until the widget's view has changed from `before` and the kernel is idle again."""
+    deadline = time.monotonic() + timeout
+    while cell.evaluate(VIEW) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    quiet = 0
+    while quiet < 3 and time.monotonic() < deadline:
+        status = page.evaluate("() => (document.querySelector('.jp-Notebook-ExecutionIndicator') || {}).dataset?.status || ''")
+        quiet = quiet + 1 if status == "idle" else 0
+        time.sleep(0.3)
+
+
 def run_reference(page, code: str, marker: str):
     """A new cell at the end with `code`, run with Shift+Enter; its rendered output."""
     page.locator(CELLS).last.click()
@@ -264,6 +276,7 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
         before = cell.evaluate(VIEW)
         for op in ops:
             act(cell, op)
+        settle(page, cell, before)  # the widget's update has run before the reference cell starts
         want = run_reference(page, code, f"reference {k}")
         assert not want["error"], f"the reference cell failed: {want['text'][-1500:]}"
         deadline = time.monotonic() + 60
