@@ -113,7 +113,7 @@ class Lab:
         page.click("li.lm-MenuBar-item:has-text('Run')")
         page.click(".lm-Menu-item:has-text('Run All Cells')")
         page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')]
-            .some(p => p.textContent.includes('*') || /\\[\\d+\\]/.test(p.textContent))""", timeout=60_000)
+            .some(p => p.textContent.includes('*') || /\\[\\d+\\]/.test(p.textContent))""", timeout=START_TIMEOUT_S * 1000)
         self.wait_idle(page, timeout_s)
         return time.monotonic() - t0
 

@@ -1,8 +1,10 @@
 """The browser lane (``make test-browser``): every notebook opened in the course's own JupyterLab in
 headless Chromium, run with Run > Run All Cells as a learner would, then checked: the run reached the
 end, the only errors are in the cells marked as expected failures, every widget and image rendered, and
-the page asked nothing of any host but localhost. The widgets are then used (``test_widgets.py``).
-On a failure, a screenshot and the browser's console log are left in ``.browser-failures/``.
+the page asked nothing of any host but localhost. Then each widget is used (``WIDGETS``) and its view
+compared with the plain function behind it, run in a new cell of the same kernel. On a failure, a
+screenshot (and of the widget being checked), the console log and any differing images are left in
+``.browser-failures/<notebook>/``.
 Skipped outside the lane."""
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def keep_evidence(page, name: str) -> Path:
     """A screenshot and the console log of `page`, in .browser-failures/<name>/."""
     folder = FAILURES / name
     folder.mkdir(parents=True, exist_ok=True)
+    cell = getattr(page, "widget_cell", None)  # the widget being checked, if any: in view in the screenshot
+    if cell is not None:
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=str(folder / "widget.png"))
     page.screenshot(path=str(folder / "screenshot.png"), full_page=True)
     (folder / "console.log").write_text("\n".join(page.console_lines) + "\n")
     return folder
@@ -193,7 +199,7 @@ VIEW = """(cell) => {
     const pre = [...area.querySelectorAll('.widget-html pre')].map(p => p.innerText).join('\\n');
     const images = [...area.querySelectorAll('img')].map(i => i.src.startsWith('data:') ? i.src : 'rendered:' + (i.naturalWidth > 0));
     const error = area.innerText.includes('Traceback') || area.innerText.includes('Error displaying widget');
-    return {text: outs.length ? text : pre, images, error};
+    return {text: outs.length ? text : pre, images, error, shown: error ? area.innerText.slice(-1500) : ''};
 }"""
 
 
@@ -272,7 +278,7 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
     ids = [c.get("id") for c in saved["cells"]]
     done = 0
     for k, (cell_id, ops, code) in enumerate(WIDGETS.get(notebook, [])):
-        cell = _cell(page, ids.index(cell_id))
+        cell = page.widget_cell = _cell(page, ids.index(cell_id))
         before = cell.evaluate(VIEW)
         for op in ops:
             act(cell, op)
@@ -284,7 +290,7 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
         while not _matches(now, want) and not now["error"] and time.monotonic() < deadline:
             time.sleep(0.5)
             now = cell.evaluate(VIEW)
-        assert not now["error"], f"{cell_id}: the widget shows an error after {ops}: {now['text'][-1500:]}"
+        assert not now["error"], f"{cell_id}: the widget shows an error after {ops}:\n{now['shown']}"
         assert now != before, f"{cell_id}: the widget did not change after {ops}"
         assert _norm(now["text"]) == _norm(want["text"]), (
             f"{cell_id} after {ops}: the widget shows\n{now['text'][:1500]}\nbut the plain function gives\n{want['text'][:1500]}")
@@ -297,4 +303,5 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
         assert _matches(now, want), (f"{cell_id} after {ops}: the widget's images ({len(now['images'])}) are not "
                                      f"the plain function's ({len(want['images'])}); both are in {FAILURES}")
         done += 1
+    page.widget_cell = None
     return done
