@@ -954,19 +954,20 @@ def training_seconds(
     a forward, backward and SGD step, so the workers compete with training for the cores.
     """
     out: dict[int, list[float]] = {}
-    for w in worker_counts:
-        torch.manual_seed(0)
-        model = TinyNet()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torch.random.fork_rng(devices=[]):  # seeded models; the caller's random stream is left alone
+        for w in worker_counts:
+            torch.manual_seed(0)
+            model = TinyNet()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-        def step(batch: Any, model: TinyNet = model, opt: torch.optim.Optimizer = opt) -> None:
-            x, y = batch
-            loss = torch.nn.functional.cross_entropy(model(x), torch.as_tensor(y))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            def step(batch: Any, model: TinyNet = model, opt: torch.optim.Optimizer = opt) -> None:
+                x, y = batch
+                loss = torch.nn.functional.cross_entropy(model(x), torch.as_tensor(y))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
 
-        out[w] = measure_steady(dataset, w, batch_size=batch_size, repeats=repeats, timeout=timeout, step=step).epoch_seconds
+            out[w] = measure_steady(dataset, w, batch_size=batch_size, repeats=repeats, timeout=timeout, step=step).epoch_seconds
     return out
 
 

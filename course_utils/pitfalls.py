@@ -228,11 +228,13 @@ class PitfallLedger:
 # ---------------------------------------------------------------------------------------------
 
 
-def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run `fn` with one intra-op thread, then restore the setting.
+def _contained(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` with one intra-op thread and a forked global RNG, then restore both.
 
     These models are tiny: a second thread buys little, costs a lot on a busy machine (threads
-    spin while waiting for a core), and one thread gives the same numbers on every machine.
+    spin while waiting for a core), and one thread gives the same numbers on every machine. The
+    helpers seed torch to reproduce a pitfall; the learner's random stream is theirs, so it is the
+    same afterwards as before (``torch.random.fork_rng``), whether a cached result was used or not.
     """
 
     @functools.wraps(fn)
@@ -240,7 +242,8 @@ def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return fn(*args, **kwargs)
+            with torch.random.fork_rng(devices=[]):
+                return fn(*args, **kwargs)
         finally:
             torch.set_num_threads(before)
 
@@ -365,7 +368,7 @@ def _train_mlp(model: nn.Module, steps: int, lr: float, batch_size: int, seed: i
     return losses
 
 
-@_one_thread
+@_contained
 def train_briefly(model: nn.Module, steps: int = 40, lr: float = 0.1, batch_size: int = 64, seed: int = 0) -> LayerRun:
     """Train `model` for a few SGD steps on the digits; measure parameters, losses and repeatability."""
     n_params = sum(p.numel() for p in model.parameters())
@@ -376,6 +379,7 @@ def train_briefly(model: nn.Module, steps: int = 40, lr: float = 0.1, batch_size
     return LayerRun(n_params, losses, diff)
 
 
+@_contained
 def layer_in_forward(buggy: bool, steps: int = 40, lr: float = 0.1, batch_size: int = 64, seed: int = 0) -> LayerRun:
     """Train the source's MLP (fixed) or the same MLP with ``fc2`` created in forward (buggy)."""
     torch.manual_seed(seed)
@@ -388,6 +392,7 @@ def layer_in_forward(buggy: bool, steps: int = 40, lr: float = 0.1, batch_size: 
 # ---------------------------------------------------------------------------------------------
 
 
+@_contained
 def sampler_orders(n: int, world_size: int = 2, epochs: int = 2, mode: str = "sampler+set_epoch",
                    seed: int = 0, seed_per_rank: bool = False) -> list[list[list[int]]]:
     """The sample indices each rank visits, ``orders[epoch][rank]``, simulated in one process.
@@ -505,7 +510,7 @@ class EvalReport:
     saved_bytes_no_grad: int
 
 
-@_one_thread
+@_contained
 def eval_mode_effects(model: nn.Module, batch_size: int = 32, seed: int = 0) -> EvalReport:
     """Evaluate copies of `model` on the digits test set in train mode with autograd on (the bug)
     and with ``eval()`` + ``no_grad()`` (the fix); Dropout's randomness is seeded."""
@@ -577,7 +582,7 @@ def _error_text(fn: Callable[[], Any]) -> str:
     return ""
 
 
-@_one_thread
+@_contained
 def device_mismatch(device: torch.device | str | None = None, seed: int = 0) -> DeviceReport:
     """Reproduce pitfall 4. With a GPU: a real one-process DDP model on ``cuda`` (DDP moves the
     input; labels and class weights left on the CPU break the loss). Without one: the ``meta``
@@ -618,7 +623,7 @@ def _device_report(device: torch.device, out: torch.Tensor, y: torch.Tensor, wei
 # ---------------------------------------------------------------------------------------------
 
 
-@_one_thread
+@_contained
 def grad_norms(calls: int = 3, zero_grad: bool = False, seed: int = 0) -> list[float]:
     """Norm of ``fc1.weight.grad`` after each of `calls` backward passes on the same batch.
 
@@ -648,7 +653,7 @@ class AccumulationReport:
     max_param_diff_after_step: float
 
 
-@_one_thread
+@_contained
 def accumulation_equivalence(k: int = 4, batch_size: int = 64, seed: int = 0) -> AccumulationReport:
     """Gradient accumulation done right equals one big batch, numerically (float64, no BatchNorm)."""
     x, y, _, _ = _digits()
@@ -680,7 +685,7 @@ def accumulation_equivalence(k: int = 4, batch_size: int = 64, seed: int = 0) ->
     return AccumulationReport(k, d_scaled, d_unscaled, d_params)
 
 
-@_one_thread
+@_contained
 def no_sync_allreduce_calls(k: int = 4, use_no_sync: bool = True, seed: int = 0) -> tuple[int, torch.Tensor]:
     """Accumulate k micro-batches in a one-process DDP model; count the gradient all-reduces.
 
@@ -796,7 +801,7 @@ class LossSumReport:
     saved_bytes: int
 
 
-@_one_thread
+@_contained
 def loss_sum_keeps_graph(use_item: bool, steps: int = 20, train: bool = False, batch_size: int = 64,
                          seed: int = 0) -> LossSumReport:
     """Sum the loss of `steps` batches into ``total``: ``total += loss`` (a tensor, whose graph
@@ -842,6 +847,7 @@ class _Payload:
         return (leave_marker, (self.marker,))
 
 
+@_contained
 def make_untrusted_checkpoint(folder: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``checkpoint.pt`` (a state dict plus a pickled payload) into `folder`.
 
@@ -905,6 +911,7 @@ class WorkerDraws:
         return float(np.mean(np.isclose(self.draws[0, :, source], self.draws[1, :, source], rtol=0, atol=0)))
 
 
+@_contained
 def worker_draws(reseed: bool, num_workers: int = 2, n: int = 8, epochs: int = 2, seed: int = 0,
                  timeout: float = 60.0) -> WorkerDraws:
     """Load :class:`AugmentDataset` with `num_workers` workers for `epochs` epochs.
@@ -965,7 +972,7 @@ def switchboard_run(mistakes: Sequence[str] | None = (), steps: int = 200, eval_
 
 
 @lru_cache(maxsize=64)
-@_one_thread
+@_contained
 def _switchboard_cached(on: tuple[str, ...], steps: int, eval_every: int, batch_size: int, lr: float,
                         seed: int) -> SwitchboardRun:
     x, y, xt, yt = _digits()

@@ -340,6 +340,7 @@ def test_detail_debug_names_the_collective_mismatch_and_the_fix_ends():
         run(TORCH_DISTRIBUTED_DEBUG="DETAIL")
     assert "Detected mismatch between collectives on ranks; this rank was running: BROADCAST" in info.value.logs[0]
     assert "Detected mismatch between collectives on ranks; this rank was running: BARRIER" in info.value.logs[1]
+    assert info.value.rank == 0, "the script makes rank 0 the failing rank, so chapter 06's stored error is stable"
     fixed = run("--fixed", TORCH_DISTRIBUTED_DEBUG="DETAIL")
     assert fixed.returncode == 0 and all("past the barrier" in fixed.logs[r] for r in (0, 1))
 
@@ -392,3 +393,38 @@ def test_digits_flat_shapes():
     assert x.shape == (1438, 784) and xt.shape == (359, 784) and y.dtype == torch.int64
     assert np.isclose(float(x.max()), 1.0)
     assert Path(pitfalls.__file__).name == "pitfalls.py"
+
+
+def test_helpers_leave_the_learners_random_stream_alone():
+    """A helper seeds torch to reproduce a pitfall, then gives the global RNG back as it was: the
+    learner's next cell draws the same numbers whether the helper ran, or its cached result was used."""
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    pitfalls.layer_in_forward(buggy=False, steps=2)
+    pitfalls.sampler_orders(6, 2, 1, mode="shuffle")
+    pitfalls.switchboard_run(["no_zero_grad"], steps=4, eval_every=2)  # computed
+    pitfalls.switchboard_run(["no_zero_grad"], steps=4, eval_every=2)  # from the cache
+    pitfalls.grad_norms(2)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_every_helper_that_seeds_torch_restores_the_global_rng():
+    """Source check over the package: a function that calls torch.manual_seed runs inside
+    torch.random.fork_rng (itself or through pitfalls' @_contained), or is a seeding function by name."""
+    import ast
+
+    import course_utils
+
+    allowed = {"seed_everything", "seed_worker", "loader_worker_init", "worker_init"}  # seeding is their job
+    offenders = []
+    for path in sorted(Path(course_utils.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef) or fn.name in allowed:
+                continue
+            src = ast.unparse(fn)
+            seeds = any(isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.manual_seed" for n in ast.walk(fn))
+            decorated = any(ast.unparse(d) == "_contained" for d in fn.decorator_list)
+            if seeds and not decorated and "fork_rng" not in src and fn.name != "wrapper":
+                offenders.append(f"{path.name}:{fn.lineno} {fn.name}")
+    assert not offenders, "these seed torch's global RNG without restoring it: " + ", ".join(offenders)

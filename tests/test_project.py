@@ -49,7 +49,7 @@ def test_make_targets_call_the_task_runner():
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", " "))]
     lanes = [ln for ln in ci if ln.startswith(("make ", "python3 tasks.py"))]
     assert lanes == ["python3 tasks.py test-pythons --pythons 3.12,3.13 --setup-only >\"$pythons_log\" 2>&1 &",
-                     "make test", "make test-spawn", "make test-slurm",
+                     "make test", "make test-browser", "make test-spawn", "make test-slurm",
                      "python3 tasks.py test-pythons --pythons 3.12,3.13"]
 
 

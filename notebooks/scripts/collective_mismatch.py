@@ -9,7 +9,8 @@ after its last epoch.
         hangs, like the DDP job (each rank waits for the other); stop it with Ctrl+C
     TORCH_DISTRIBUTED_DEBUG=DETAIL python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/collective_mismatch.py
         fails at once: before every collective, each rank compares what it is about to run with
-        what the other ranks run, and raises "Detected mismatch between collectives on ranks"
+        what the other ranks run, and raises "Detected mismatch between collectives on ranks"; each
+        rank prints what it was running, and the job fails as rank 0
     ... scripts/collective_mismatch.py --fixed
         every rank makes the broadcast, as every rank runs the wrapper in the fix: the job ends
 
@@ -51,7 +52,11 @@ def main() -> None:
         first = str(exc).split(".")[0]
         mine = re.search(rf"Rank {ctx.rank} is running collective: \w+\(SequenceNumber=\d+,? ?OpType=(\w+)", str(exc))
         rprint(f"RuntimeError: {first}; this rank was running: {mine.group(1) if mine else str(exc)[:200]}")
-        raise SystemExit(1) from None
+        # Both ranks have their report; the job fails as rank 0, every time. (Had both exited with the
+        # error, which one the launcher saw first, and so named, would be a race.) This barrier matches
+        # on every rank, so DETAIL lets it through.
+        dist.barrier()
+        raise SystemExit(1 if ctx.rank == 0 else 0) from None
     cleanup()
 
 
