@@ -197,9 +197,9 @@ def _widgets():
 @pytest.mark.parametrize("name", ["sigmoid_explorer", "sampler_explorer", "gallery_widget", "batch_browser",
                                   "model_builder_widget", "switchboard_widget"])
 def test_widget_callbacks_leave_no_figure_open(name, monkeypatch):
-    """A widget draws its figure and closes it (course_utils.show_figure). ipykernel runs the inline
-    backend's end-of-cell hook after every widget message, and in JupyterLab a figure left open was
-    drawn there again, blank, in place of the widget's real figure (found by the browser lane)."""
+    """A widget draws its figure and closes it (course_utils.show_figure). The comm layer runs IPython's
+    post_execute hooks after every widget message, and in JupyterLab the inline backend's hook there
+    showed a figure left open, blank, in place of the widget's real figure (found by the browser lane)."""
     import ipywidgets
     import matplotlib
 
