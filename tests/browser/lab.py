@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +48,14 @@ SETTINGS = {
 }
 
 
+def _outside(url: str) -> bool:
+    """A request to a host other than this machine (data:, blob: and about: URLs are no requests)."""
+    if url.startswith(("data:", "blob:", "about:")):
+        return False
+    host = url.split("/")[2] if "://" in url else ""
+    return host.rsplit(":", 1)[0].strip("[]") not in ("127.0.0.1", "localhost", "::1")
+
+
 @dataclass
 class Lab:
     url: str
@@ -55,34 +63,50 @@ class Lab:
     root: Path  # the copy of notebooks/ the lab serves
     proc: subprocess.Popen
     log: Path
-    outside_requests: list[str] = field(default_factory=list)
 
     def open(self, browser, notebook: str):
-        """A new page on `notebook`, with every request to a host other than localhost recorded."""
+        """A new page on `notebook` in a context of its own, in which every request to a host other than
+        localhost (from any tab or worker of the context) is recorded in ``page.outside_requests``.
+        (Refusing them with ``context.route`` would be stricter, but with request interception on, the
+        lab never starts its kernel.)"""
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        outside: list[str] = []
+        context.on("request", lambda r: outside.append(r.url) if _outside(r.url) and r.url not in outside else None)
         page = context.new_page()
+        page.outside_requests = outside
         page.console_lines = []
         page.on("console", lambda m: page.console_lines.append(f"{m.type}: {m.text}"))
-        page.on("request", self._record)
+        page.on("crash", lambda _: page.console_lines.append("the page's renderer crashed"))
+        page.set_default_timeout(START_TIMEOUT_S * 1000)
         # a workspace of its own, reset: the page shows this notebook alone (the default workspace would
         # reopen every notebook opened before, each with its kernel)
         workspace = notebook.removesuffix(".ipynb").replace("_", "-")
         page.goto(f"{self.url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={self.token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=START_TIMEOUT_S * 1000)
+        self.wait_for_kernel(notebook, START_TIMEOUT_S)  # the page shows "idle" before it has a kernel
         self.wait_idle(page, timeout_s=START_TIMEOUT_S)
         return page
 
-    def _record(self, request) -> None:
-        host = request.url.split("/")[2] if "://" in request.url else ""
-        if request.url.startswith(("data:", "blob:", "about:")):
-            return
-        if host.split(":")[0] not in ("127.0.0.1", "localhost"):
-            self.outside_requests.append(request.url)
+    def api(self, path: str, token: bool = True):
+        url = f"{self.url}/api/{path}" + (f"?token={self.token}" if token else "")
+        return json.loads(urllib.request.urlopen(url, timeout=30).read())
+
+    def wait_for_kernel(self, notebook: str, timeout_s: float) -> None:
+        """Until the server has a session for `notebook` whose kernel is idle."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                for sess in self.api("sessions"):
+                    names = (sess.get("path") or "", sess.get("name") or "", (sess.get("notebook") or {}).get("path") or "")
+                    if any(n.endswith(notebook) for n in names) and (sess.get("kernel") or {}).get("execution_state") == "idle":
+                        return
+            time.sleep(0.5)
+        raise TimeoutError(f"{notebook}: the lab started no kernel within {timeout_s:.0f} s; its log ends:\n"
+                           + self.log.read_text()[-2000:])
 
     def shutdown_kernels(self) -> None:
         """Stop every kernel the lab runs (a closed page leaves its kernel running)."""
-        req = urllib.request.Request(f"{self.url}/api/kernels?token={self.token}")
-        for k in json.loads(urllib.request.urlopen(req, timeout=30).read()):
+        for k in self.api("kernels"):
             urllib.request.urlopen(urllib.request.Request(
                 f"{self.url}/api/kernels/{k['id']}?token={self.token}", method="DELETE"), timeout=60)
 
@@ -105,13 +129,18 @@ class Lab:
             if quiet >= 3:
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"the notebook did not finish within {timeout_s:.0f} s (kernel: {self.kernel_status(page)})")
+        running = page.evaluate("""() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')]
+            .findIndex(c => (c.querySelector('.jp-InputPrompt') || {textContent: ''}).textContent.includes('*'))""")
+        raise TimeoutError(f"the notebook did not finish within {timeout_s:.0f} s (kernel: {self.kernel_status(page)}; "
+                           f"first cell still waiting or running: {running}); the lab's log ends:\n"
+                           + self.log.read_text()[-1500:])
 
     def run_all(self, page, timeout_s: float = RUN_TIMEOUT_S) -> float:
         """Run > Run All Cells, from the menu, as a learner would; the seconds until it is done."""
         t0 = time.monotonic()
         page.click("li.lm-MenuBar-item:has-text('Run')")
         page.click(".lm-Menu-item:has-text('Run All Cells')")
+        # the copy has no outputs and no execution counts: a prompt with a number or a star is this run's
         page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')]
             .some(p => p.textContent.includes('*') || /\\[\\d+\\]/.test(p.textContent))""", timeout=START_TIMEOUT_S * 1000)
         self.wait_idle(page, timeout_s)
@@ -125,6 +154,12 @@ def course_lab(tmp: Path, notebooks: Path | None = None) -> Iterator[Lab]:
     root = tmp / "notebooks"
     shutil.copytree(notebooks or ROOT / "notebooks", root,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs", "*.out"))
+    for nb in root.glob("*.ipynb"):  # as a learner's "Clear All Outputs": what the page shows, this run made
+        data = json.loads(nb.read_text())
+        for cell in data["cells"]:
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+        nb.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     settings = tmp / "lab-settings"
     for name, value in SETTINGS.items():
         f = settings / name
@@ -150,7 +185,9 @@ def course_lab(tmp: Path, notebooks: Path | None = None) -> Iterator[Lab]:
             try:
                 urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5)
                 break
-            except (urllib.error.URLError, ConnectionError):
+            except urllib.error.HTTPError as exc:
+                raise RuntimeError(f"JupyterLab answered {exc.code} to its own token:\n{log.read_text()[-3000:]}") from None
+            except OSError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"JupyterLab did not answer within {START_TIMEOUT_S} s") from None
                 time.sleep(0.5)
@@ -174,7 +211,8 @@ def browser():
     if path is None:
         raise RuntimeError("no Chromium: apt-get install chromium")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
+        b = p.chromium.launch(executable_path=path, headless=True,
+                              args=["--no-sandbox", "--disable-dev-shm-usage"])  # a container's /dev/shm is small
         try:
             yield b
         finally:

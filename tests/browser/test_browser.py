@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def keep_evidence(page, name: str) -> Path:
 def save(page) -> None:
     page.click("li.lm-MenuBar-item:has-text('File')")
     page.click(".lm-Menu-item:has-text('Save Notebook')")
-    page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.jp-mod-dirty')", timeout=60_000)
 
 
 CELLS = ".jp-Notebook .jp-WindowedPanel-viewport > .jp-Cell"  # the notebook's own cells, not cells shown in outputs
@@ -65,6 +66,7 @@ DOM_CELLS = """() => [...document.querySelectorAll('""" + CELLS + """')].map(c =
     code: c.classList.contains('jp-CodeCell'),
     widgetError: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.includes('Error displaying widget'),
     widgetLoading: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.includes('Loading widget'),
+    widgetTraceback: [...c.querySelectorAll('.jp-OutputArea .widget-output')].some(o => o.innerText.includes('Traceback')),
     widgets: c.querySelectorAll('.jp-OutputArea .jupyter-widgets').length,
     images: [...c.querySelectorAll('.jp-OutputArea img')].map(i => i.complete && i.naturalWidth > 0),
 }))"""
@@ -72,7 +74,7 @@ DOM_CELLS = """() => [...document.querySelectorAll('""" + CELLS + """')].map(c =
 
 def problems(saved: dict, dom: list[dict]) -> list[str]:
     """What is wrong after Run All: cell by cell, the saved notebook next to what the page shows."""
-    found = []
+    found, counts = [], []
     cells = saved["cells"]
     if len(cells) != len(dom):
         return [f"the page shows {len(dom)} cells, the notebook has {len(cells)}"]
@@ -82,10 +84,16 @@ def problems(saved: dict, dom: list[dict]) -> list[str]:
         where = f"cell {i} ({cell.get('id')})"
         expected = "raises-exception" in cell.get("metadata", {}).get("tags", [])
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if cell.get("execution_count") is None:
+        if cell.get("execution_count") is None and "".join(cell.get("source", "")).strip():
             found.append(f"{where} never ran: Run All stopped before it")
+        elif cell.get("execution_count") is not None:
+            counts.append(cell["execution_count"])
         if errors and not expected:
             found.append(f"{where} raised {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
+        if expected and not errors:
+            found.append(f"{where} is tagged raises-exception but raised nothing: the lesson's error did not happen")
+        if view["widgetTraceback"]:
+            found.append(f"{where}: a traceback inside a widget's output")
         wants_widget = any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
                            for o in cell.get("outputs", []))
         if view["widgetError"]:
@@ -96,43 +104,77 @@ def problems(saved: dict, dom: list[dict]) -> list[str]:
             found.append(f"{where}: a widget output, but no widget on the page")
         if not all(view["images"]):
             found.append(f"{where}: an image did not render")
+    if counts != list(range(1, len(counts) + 1)):  # one fresh kernel, every cell once, in order
+        found.append(f"the execution counts are {counts[:12]}..., not 1, 2, 3, ... in order: not one Run All in a fresh kernel")
     return found
+
+
+RENDERED = """() => ![...document.querySelectorAll('.jp-Notebook .jp-OutputArea')].some(a => a.textContent.includes('Loading widget'))
+    && [...document.querySelectorAll('.jp-Notebook .jp-OutputArea img')].every(i => i.complete)"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_evidence():
+    shutil.rmtree(FAILURES, ignore_errors=True)  # what a failure leaves is this run's alone
+
+
+def close(page, lab) -> None:
+    """Close the page's context and stop the lab's kernels; a failure here does not hide the test's."""
+    for step in (page.context.close, lab.shutdown_kernels):
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001
+            print(f"teardown: {step.__name__} failed: {exc}")
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_run_all_in_jupyterlab(lab, chromium, notebook):
-    page = lab.open(chromium, notebook)
+    name = notebook.removesuffix(".ipynb")
+    page = None
     try:
+        page = lab.open(chromium, notebook)
         seconds = lab.run_all(page)
         TIMES[notebook] = seconds
-        time.sleep(2)  # widget views render a moment after their output arrives
+        page.wait_for_function(RENDERED, timeout=60_000)  # widget views render a moment after their output
         save(page)
         saved = json.loads((lab.root / notebook).read_text())
         found = problems(saved, page.evaluate(DOM_CELLS))
-        if lab.outside_requests:
-            found.append(f"requests to other hosts: {lab.outside_requests[:5]}")
+        used = 0 if found else use_widgets(page, notebook, saved)
+        if page.outside_requests:
+            found.append(f"requests to other hosts (refused): {page.outside_requests[:5]}")
         if found:
-            folder = keep_evidence(page, notebook.removesuffix(".ipynb"))
             pytest.fail(f"{notebook} after Run All ({seconds:.0f} s):\n  " + "\n  ".join(found)
-                        + f"\nscreenshot and console log: {folder}")
-        try:
-            used = use_widgets(page, notebook, saved)
-        except AssertionError as exc:
-            folder = keep_evidence(page, notebook.removesuffix(".ipynb"))
-            pytest.fail(f"{notebook}: {exc}\nscreenshot and console log: {folder}")
+                        + f"\nscreenshots and console log: {evidence(page, name)}")
         print(f"{notebook}: Run All in {seconds:.1f} s, {used} widget interaction(s) checked")
+    except pytest.fail.Exception:
+        raise
+    except Exception as exc:
+        pytest.fail(f"{notebook}: {type(exc).__name__}: {exc}\nscreenshots and console log: {evidence(page, name)}")
     finally:
-        page.context.close()
-        lab.shutdown_kernels()
+        if page is not None:
+            close(page, lab)
+
+
+def evidence(page, name: str) -> str:
+    if page is None:
+        return "none (the page did not open)"
+    try:
+        return str(keep_evidence(page, name))
+    except Exception as exc:  # noqa: BLE001  (a crashed page has no screenshot)
+        return f"none ({type(exc).__name__}: {exc})"
 
 
 def test_the_lab_is_offline_and_runs_the_course_kernel(lab, chromium):
     """`make lab`'s server: news feed and update check off; the page asks only localhost; the kernel is
     the course's .venv Python, with course_utils importable; the login page asks for the token."""
+    import urllib.error
     import urllib.request
 
-    login = urllib.request.urlopen(f"{lab.url}/lab").read().decode()
-    assert "token" in login.lower() or "password" in login.lower()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        lab.api("kernels", token=False)  # nothing without the token
+    assert refused.value.code == 403
+    login = urllib.request.urlopen(f"{lab.url}/lab")
+    assert "/login" in login.geturl(), login.geturl()  # the page asks for the token
     page = lab.open(chromium, "00_start_here.ipynb")
     try:
         config = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
@@ -140,10 +182,9 @@ def test_the_lab_is_offline_and_runs_the_course_kernel(lab, chromium):
         # a new cell at the end: which Python runs the kernel, and course_utils imports
         out = run_reference(page, "import sys, course_utils; print('KERNEL', sys.prefix)", "kernel")
         assert out["text"].strip() == f"KERNEL {ROOT / '.venv'}", out["text"]
-        assert not lab.outside_requests, lab.outside_requests
+        assert not page.outside_requests, page.outside_requests
     finally:
-        page.context.close()
-        lab.shutdown_kernels()
+        close(page, lab)
 
 
 # ------------------------------------------------------------------ using every widget
@@ -241,7 +282,7 @@ def settle(page, cell, before: dict, timeout: float = 60) -> None:
 
 def run_reference(page, code: str, marker: str):
     """A new cell at the end with `code`, run with Shift+Enter; its rendered output."""
-    page.locator(CELLS).last.click()
+    page.locator(CELLS).last.locator(".jp-InputPrompt").click()  # the prompt: never a link in a Markdown cell
     page.keyboard.press("Escape")
     page.keyboard.press("b")
     page.keyboard.press("Enter")
@@ -285,6 +326,7 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
         settle(page, cell, before)  # the widget's update has run before the reference cell starts
         want = run_reference(page, code, f"reference {k}")
         assert not want["error"], f"the reference cell failed: {want['text'][-1500:]}"
+        assert want["images"] or _norm(want["text"]), f"the reference for {cell_id} shows nothing: nothing to compare"
         deadline = time.monotonic() + 60
         now = cell.evaluate(VIEW)
         while not _matches(now, want) and not now["error"] and time.monotonic() < deadline:
