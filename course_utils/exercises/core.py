@@ -113,9 +113,11 @@ def untouched() -> Iterator[None]:
 
 def stop_threads(threads: Sequence[threading.Thread], wait: float = 2.0) -> None:
     """Stop threads still running the learner's code (at their next Python instruction), so that a
-    spinning answer does not keep a CPU and the GIL after its check. A request can be lost when several
-    threads get one at once, so it is repeated until they have ended, for up to `wait` seconds; a
-    thread asleep in C (``time.sleep``) ends when it wakes."""
+    spinning answer does not keep a CPU and the GIL after its check. The request is repeated until the
+    threads have ended, for up to `wait` seconds (a thread inside one long C call sees it only after);
+    a thread asleep in C (``time.sleep``) uses no CPU and ends when it wakes. Callers wait for their
+    threads with an Event, not ``Thread.join()``: on Python 3.11 a join() interrupted by the time limit
+    marks a running thread as ended, and it would be skipped here."""
     deadline = time.monotonic() + wait
     alive = [t for t in threads if t.is_alive() and t.ident is not None]
     while alive and time.monotonic() < deadline:
