@@ -26,7 +26,6 @@ pytestmark = pytest.mark.skipif(os.environ.get("COURSE_BROWSER_LANE") != "1",
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 FAILURES = ROOT / ".browser-failures"
-TIMES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +133,13 @@ def test_run_all_in_jupyterlab(lab, chromium, notebook):
     try:
         page = lab.open(chromium, notebook)
         seconds = lab.run_all(page)
-        TIMES[notebook] = seconds
         page.wait_for_function(RENDERED, timeout=60_000)  # widget views render a moment after their output
         save(page)
         saved = json.loads((lab.root / notebook).read_text())
         found = problems(saved, page.evaluate(DOM_CELLS))
-        used = 0 if found else use_widgets(page, notebook, saved)
+        used = 0 if found else use_widgets(lab, page, notebook, saved)
         if page.outside_requests:
-            found.append(f"requests to other hosts (refused): {page.outside_requests[:5]}")
+            found.append(f"requests to other hosts: {page.outside_requests[:5]}")
         if found:
             pytest.fail(f"{notebook} after Run All ({seconds:.0f} s):\n  " + "\n  ".join(found)
                         + f"\nscreenshots and console log: {evidence(page, name)}")
@@ -268,16 +266,12 @@ def act(cell, op) -> None:
         raise ValueError(kind)
 
 
-def settle(page, cell, before: dict, timeout: float = 60) -> None:
+def settle(lab, page, cell, before: dict, timeout: float = 60) -> None:
     """Wait until the widget's view has changed from `before` and the kernel is idle again."""
     deadline = time.monotonic() + timeout
     while cell.evaluate(VIEW) == before and time.monotonic() < deadline:
         time.sleep(0.2)
-    quiet = 0
-    while quiet < 3 and time.monotonic() < deadline:
-        status = page.evaluate("() => (document.querySelector('.jp-Notebook-ExecutionIndicator') || {}).dataset?.status || ''")
-        quiet = quiet + 1 if status == "idle" else 0
-        time.sleep(0.3)
+    lab.wait_idle(page, timeout_s=timeout)
 
 
 def run_reference(page, code: str, marker: str):
@@ -312,7 +306,7 @@ def _matches(now: dict, want: dict) -> bool:
     return _norm(now["text"]) == _norm(want["text"]) and same_images
 
 
-def use_widgets(page, notebook: str, saved: dict) -> int:
+def use_widgets(lab, page, notebook: str, saved: dict) -> int:
     """Every widget of `notebook` used as specified; the number of interactions checked. The widget
     redraws in the kernel while the reference cell runs; its view is then polled until it shows what
     the reference shows (or a minute has passed)."""
@@ -323,7 +317,7 @@ def use_widgets(page, notebook: str, saved: dict) -> int:
         before = cell.evaluate(VIEW)
         for op in ops:
             act(cell, op)
-        settle(page, cell, before)  # the widget's update has run before the reference cell starts
+        settle(lab, page, cell, before)  # the widget's update has run before the reference cell starts
         want = run_reference(page, code, f"reference {k}")
         assert not want["error"], f"the reference cell failed: {want['text'][-1500:]}"
         assert want["images"] or _norm(want["text"]), f"the reference for {cell_id} shows nothing: nothing to compare"
