@@ -178,8 +178,8 @@ def test_exercise_solution_stub_and_mistakes(q):
     assert q.check(q.reference()).correct
     assert q.check(...).status == "not_attempted"
     assert len(q.mistakes) >= 2
-    for reason, answer in q.mistakes.items():
-        assert q.check(answer).message == reason
+    for name, answer in q.mistakes.items():
+        assert q.check(answer).message == q.reasons[name]
 
 
 def test_function_stubs_read_not_attempted():

@@ -59,9 +59,9 @@ def test_stub_is_not_attempted(mod, ex):
 @pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
 def test_each_declared_mistake_gets_its_reason(mod, ex):
     assert len(ex.mistakes) >= 2, "each exercise declares at least two plausible mistakes"
-    for reason, answer in ex.mistakes.items():
+    for name, answer in ex.mistakes.items():
         result = ex.check(answer)
-        assert (result.status, result.message) == ("incorrect", reason)
+        assert (result.status, result.message) == ("incorrect", ex.reasons[name])
 
 
 @pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
@@ -113,14 +113,14 @@ def _ex(observe=lambda a, _: as_number(a), **kw):
     def one():
         return 1
 
-    return Exercise("Q", "prompt", one, ["h1", "h2"], form="value", observe=observe, **kw)
+    return Exercise("Q", one, prompt="prompt", hints=["h1", "h2"], form="value", observe=observe, **kw)
 
 
 def _fn_ex(**kw):
     def double(x):
         return 2 * x
 
-    return Exercise("Q", "prompt", double, ["h"], cases=lambda: [(1,), (2.5,)], describe=lambda c: f"for x={c[0]}", **kw)
+    return Exercise("Q", double, prompt="prompt", hints=["h"], cases=lambda: [(1,), (2.5,)], describe=lambda c: f"for x={c[0]}", **kw)
 
 
 def test_not_attempted_forms():
@@ -274,7 +274,7 @@ def test_a_value_answer_is_not_modified():
         return as_tensor(t)
 
     answer = torch.zeros(3)
-    Exercise("Q", "p", lambda: torch.ones(3), ["h"], form="value", observe=mutate).check(answer)
+    Exercise("Q", lambda: torch.ones(3), prompt="p", hints=["h"], form="value", observe=mutate).check(answer)
     assert torch.equal(answer, torch.zeros(3))
 
 
@@ -291,3 +291,41 @@ def test_hints_come_in_order_and_are_bounded():
     assert "h1" in repr(ex.hint()) and "h2" in repr(ex.hint()) and "h2" in repr(ex.hint())
     assert "1 to 2" in repr(ex.hint(7))
     assert "with hints" in repr(ex.check(1))
+
+
+# ------------------------------------------------------------------------------ the words files
+
+WORDS = Path(core.__file__).parent
+
+
+def test_every_words_file_belongs_to_a_chapter_and_every_table_to_an_exercise():
+    import tomllib
+
+    chapters = all_exercises()
+    for path in sorted(WORDS.glob("*.en.toml")):
+        mod = path.name.split(".")[0]
+        assert mod in chapters, f"{path.name}: no chapter module {mod}.py"
+        tables = set(tomllib.loads(path.read_text(encoding="utf-8")))
+        assert tables == {ex.name for ex in chapters[mod]}, f"{path.name}: tables {sorted(tables)}"
+    assert {p.name.split(".")[0] for p in WORDS.glob("*.en.toml")} == set(chapters)
+
+
+def test_an_exercise_whose_words_are_missing_fails_at_import():
+    from course_utils.exercises import ch01
+
+    with pytest.raises(ValueError, match="a reason for each mistake"):
+        Exercise("Q1", ch01.answer_q1, form="value", mistakes={"a_new_mistake": 3.0})
+    with pytest.raises(ValueError, match="prompt"):
+        Exercise("Q9", ch01.answer_q1, form="value")
+
+
+def test_variant_edits_the_solution_source_and_refuses_an_edit_that_does_not_apply():
+    from course_utils.exercises import variant
+
+    def scaled(x):
+        return 2 * x + 1
+
+    slip = variant(scaled, "2 * x", "3 * x")
+    assert (scaled(2), slip(2), slip.__name__) == (5, 7, "scaled")
+    with pytest.raises(ValueError, match="is not in its source"):
+        variant(scaled, "4 * x", "x")

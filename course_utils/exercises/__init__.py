@@ -22,10 +22,11 @@ from .core import (
     as_number,
     as_tensor,
     untouched,
+    variant,
 )
 
 __all__ = ["CheckResult", "Exercise", "Incorrect", "NotAttempted", "all_exercises", "as_ints", "as_number",
-           "as_tensor", "untouched"]
+           "as_tensor", "untouched", "variant"]
 
 
 def all_exercises() -> dict[str, list[Exercise]]:

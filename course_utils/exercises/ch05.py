@@ -15,27 +15,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
-from .ch04 import _World, run_on_ranks
-from .core import Exercise, as_ints, as_number
+from .core import Exercise, as_ints, as_number, variant
+from .shared import numbers_on_ranks
 
 
 def global_accuracy(correct, total, all_reduce, world_size):
     counts = torch.stack([correct, total]).double()  # one tensor, one collective call
     all_reduce(counts)  # now the sums over every rank
     return (counts[0] / counts[1]).item()
-
-
-def _on_ranks(fn, counts):
-    world = _World(len(counts))
-    args = [(torch.tensor(float(c)), torch.tensor(float(t)), functools.partial(world.all_reduce, r), len(counts))
-            for r, (c, t) in enumerate(counts)]
-    return [as_number(v, f"what rank {r} returns") for r, v in enumerate(run_on_ranks(fn, world, args))]
-
-
-def _mean_of_accuracies(correct, total, all_reduce, world_size):
-    acc = correct / total
-    all_reduce(acc)
-    return (acc / world_size).item()
 
 
 def _mismatched_calls(correct, total, all_reduce, world_size):
@@ -46,22 +33,31 @@ def _mismatched_calls(correct, total, all_reduce, world_size):
 
 
 q1 = Exercise(
-    name="Q1",
-    prompt="Write `global_accuracy(correct, total, all_reduce, world_size)` that every rank calls with its own counts (0-d tensors) and that returns the accuracy over all ranks' samples, as a number.",
-    model_answer=global_accuracy,
-    cases=lambda: [[(90, 100), (45, 50), (10, 20)], [(3, 4), (30, 40)], [(1, 1), (0, 3), (60, 80), (5, 9)]],
-    observe=_on_ranks,
-    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks, the values the ranks return",
-    hints=[
-        "`all_reduce(t)` replaces the tensor `t`, on every rank, by the sum of all the ranks' `t`.",
-        "Reduce the *counts*, not the ratio: sum `correct` and `total` over the ranks, then divide once.",
-        "One call is enough: `counts = torch.stack([correct, total]); all_reduce(counts)`.",
+    "Q1",
+    global_accuracy,
+    cases=lambda: [
+        [(90, 100), (45, 50), (10, 20)],
+        [(3, 4), (30, 40)],
+        [(1, 1), (0, 3), (60, 80), (5, 9)],
     ],
-    mistakes={
-        "you returned the mean of the ranks' accuracies. The shards are not the same size, so that mean is not the accuracy of the whole set: sum the correct counts and the totals, then divide.": _mean_of_accuracies,
-        "the ranks disagree: each returned its own shard's accuracy. All-reduce the counts first, so that every rank reports the accuracy of the whole set.": lambda correct, total, all_reduce, world_size: (correct / total).item(),
-        "the ranks made different numbers of all_reduce calls, so one rank waited for the others: in a real job that hangs forever. Every rank must make the same collective calls, in the same order.": _mismatched_calls,
-    },
+    observe=lambda fn, s: numbers_on_ranks(
+        fn,
+        s,
+        lambda r, w, c, t: (
+            torch.tensor(float(c)),
+            torch.tensor(float(t)),
+            functools.partial(w.all_reduce, r),
+            w.size,
+        ),
+    ),
+    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks, the values the ranks return",
+    mistakes=dict(
+        mean_of_accuracies=variant(
+            global_accuracy, "[correct, total]", "[correct / total, torch.tensor(1.0)]"
+        ),
+        not_reduced=variant(global_accuracy, "all_reduce(counts)", "pass"),
+        mismatched_calls=_mismatched_calls,
+    ),
 )
 
 
@@ -90,11 +86,20 @@ def _train(model, opt, sched, batches):
 def _resume_facts(fn, case):
     per_epoch, epochs, done = case
     g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(per_epoch * epochs)]
+    batches = [
+        (torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g))
+        for _ in range(per_epoch * epochs)
+    ]
     model, opt, sched = _run(0, len(batches))
     _train(model, opt, sched, batches[: done * per_epoch])
-    ckpt = copy.deepcopy({"epoch": done, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                          "scheduler": sched.state_dict()})
+    ckpt = copy.deepcopy(
+        {
+            "epoch": done,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+        }
+    )
     model, opt, sched = _run(1, len(batches))  # a fresh run: other weights, the schedule at step 0
     start = fn(ckpt, model, opt, sched)
     yield "the model's weights", model.weight.detach().clone()
@@ -104,26 +109,21 @@ def _resume_facts(fn, case):
     yield "the learning rate", opt.param_groups[0]["lr"]
     start = as_number(start, "the start epoch you return", whole=True)
     yield "the start epoch", start
-    _train(model, opt, sched, batches[start * per_epoch:])
+    _train(model, opt, sched, batches[start * per_epoch :])
     yield "the weights at the end of the resumed run", model.weight.detach()
 
 
 q2 = Exercise(
-    name="Q2",
-    prompt="Write `resume(ckpt, model, optimizer, scheduler)` that restores a run from a checkpoint dict (keys 'epoch', 'model', 'optimizer', 'scheduler'; 'epoch' counts completed epochs) and returns the epoch (a whole number) the loop `for epoch in range(start, epochs)` starts from.",
-    model_answer=resume,
+    "Q2",
+    resume,
     cases=lambda: [(2, 5, 3), (3, 4, 1)],
     observe=_resume_facts,
     describe=lambda c: f"for a checkpoint after {c[2]} of {c[1]} epochs ({c[0]} steps each)",
-    hints=[
-        "Three objects carry state: the model (weights), the optimizer (AdamW's moments, step count, current lr) and the scheduler (where it is in its schedule). Each has `load_state_dict`.",
-        "ckpt['epoch'] is the number of epochs already done; with 0-based epochs that is the next one to run.",
-    ],
-    mistakes={
-        "the scheduler is not where the checkpoint left it: the learning rate will follow the wrong part of its schedule (with OneCycleLR, warm up again, then run past its end and fail). `scheduler.load_state_dict(ckpt['scheduler'])`.": lambda c, m, o, s: (m.load_state_dict(c["model"]), o.load_state_dict(c["optimizer"]), c["epoch"])[-1],
-        "the checkpoint counts completed epochs, and the loop is `for epoch in range(start, epochs)`: starting one later would skip an epoch. Return ckpt['epoch'].": lambda c, m, o, s: resume(c, m, o, s) + 1,
-        "the optimizer starts from scratch: AdamW's running averages of the gradients (exp_avg, exp_avg_sq) and its step count are lost. `optimizer.load_state_dict(ckpt['optimizer'])`.": lambda c, m, o, s: (m.load_state_dict(c["model"]), s.load_state_dict(c["scheduler"]), c["epoch"])[-1],
-    },
+    mistakes=dict(
+        no_scheduler=variant(resume, 'scheduler.load_state_dict(ckpt["scheduler"])', "pass"),
+        one_epoch_late=lambda c, m, o, s: resume(c, m, o, s) + 1,
+        no_optimizer=variant(resume, 'optimizer.load_state_dict(ckpt["optimizer"])', "pass"),
+    ),
 )
 
 
@@ -133,7 +133,9 @@ def eval_shard(n, rank, world_size):
 
 def _shard_facts(fn, case):
     n, world = case
-    shards = [as_ints(fn(n, rank, world), f"eval_shard({n}, {rank}, {world})") for rank in range(world)]
+    shards = [
+        as_ints(fn(n, rank, world), f"eval_shard({n}, {rank}, {world})") for rank in range(world)
+    ]
     seen = Counter(i for s in shards for i in s)
     yield "the indices on more than one rank", sorted(i for i, c in seen.items() if c > 1)[:10]
     yield "the indices on no rank", sorted(set(range(n)) - set(seen))[:10]
@@ -142,20 +144,21 @@ def _shard_facts(fn, case):
 
 
 q3 = Exercise(
-    name="Q3",
-    prompt="Write `eval_shard(n, rank, world_size)` returning the indices (a list, range or 1-D tensor) that `rank` evaluates, so that over all ranks every one of the n samples is evaluated exactly once and the shards are balanced.",
-    model_answer=eval_shard,
+    "Q3",
+    eval_shard,
     cases=lambda: [(359, 2), (10, 3), (7, 4), (3, 8), (144, 2), (0, 2)],
     observe=_shard_facts,
     describe=lambda c: f"with n={c[0]} on {c[1]} ranks",
-    hints=[
-        "DistributedSampler pads to ceil(n / world_size) samples per rank by repeating the first indices: with 359 test images on 2 ranks, image 0 is evaluated twice.",
-        "Striding needs no padding: rank r takes r, r + world_size, r + 2 * world_size, ...",
-    ],
-    mistakes={
-        "some samples are on more than one rank, so they are counted twice: that is DistributedSampler's padding; an evaluation shard must not pad.": lambda n, rank, world_size: list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)),
-        "some samples are on no rank (the remainder of n / world_size): the metric would ignore them. Every index must be on exactly one rank.": lambda n, rank, world_size: range(rank * (n // world_size), (rank + 1) * (n // world_size)),
-    },
+    mistakes=dict(
+        padded=lambda n, rank, world_size: list(
+            DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)
+        ),
+        remainder_lost=variant(
+            eval_shard,
+            "range(rank, n, world_size)",
+            "range(rank * (n // world_size), (rank + 1) * (n // world_size))",
+        ),
+    ),
 )
 
 
@@ -229,24 +232,19 @@ def _save_facts(fn, case):
         with _crash_at(2, renames), contextlib.suppress(OSError):
             fn({"epoch": 3, "w": torch.ones(500)}, arg)
         yield "after a save whose second torch.save call crashes, the file holds epoch", _held(path)
-        yield "the temporary file is in the checkpoint's folder", all(p.resolve().parent == folder.resolve() for p in renames)
+        yield (
+            "the temporary file is in the checkpoint's folder",
+            all(p.resolve().parent == folder.resolve() for p in renames),
+        )
 
 
 q4 = Exercise(
-    name="Q4",
-    prompt="Write `save_atomically(obj, path)` (path: a str or a Path) so that a crash in the middle of a save never leaves a corrupt or missing checkpoint at `path` (the previous one survives), and the error reaches the caller.",
-    model_answer=save_atomically,
+    "Q4",
+    save_atomically,
     cases=lambda: [("last.pt", False), ("ckpt.pth", True)],
     observe=_save_facts,
     describe=lambda c: f"for path=.../ckpt/{c[0]} (given as a {'str' if c[1] else 'Path'})",
-    hints=[
-        "Never write over the only good copy: write the new checkpoint to another file first.",
-        "`os.replace(src, dst)` swaps a finished file in with one atomic rename, if both are on the same file system: put the temporary file in the same folder. `f.flush(); os.fsync(f.fileno())` before renaming makes sure the bytes are on disk.",
-    ],
-    mistakes={
-        "after a crash half-way through a save, the file at `path` is corrupt: the old checkpoint was overwritten (or deleted) before the new one was complete. Write to a temporary file next to it, then `os.replace` it over `path`.": lambda obj, path: torch.save(obj, path),
-        "your function swallowed the write error: let it propagate, so that the caller knows the save failed.": _swallowing,
-    },
+    mistakes=dict(overwrites=lambda obj, path: torch.save(obj, path), swallows_error=_swallowing),
 )
 
 EXERCISES = [q1, q2, q3, q4]

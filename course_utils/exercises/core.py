@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import html
 import inspect
 import itertools
@@ -14,9 +15,11 @@ import signal
 import textwrap
 import threading
 import time
+import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -271,6 +274,20 @@ def _copy(x: Any) -> Any:
     return x
 
 
+def variant(solution: Callable[..., Any] | type, *edits: str) -> Any:
+    """A mistake declared as a change to the tested solution: its source with each ``old, new`` pair
+    of `edits` replaced (each `old` must occur), run in the solution's module. ``variant(f, "a + b",
+    "a - b")`` is `f` with that one slip, under the same name."""
+    src = textwrap.dedent(inspect.getsource(solution))
+    for old, new in zip(edits[::2], edits[1::2], strict=True):
+        if old not in src:
+            raise ValueError(f"variant of {solution.__name__}: {old!r} is not in its source")
+        src = src.replace(old, new, 1)
+    namespace = dict(inspect.getmodule(solution).__dict__)
+    exec(compile(src, f"<{solution.__name__}, with a mistake>", "exec"), namespace)
+    return namespace[solution.__name__]
+
+
 # ------------------------------------------------------------------ comparing what was observed
 
 
@@ -381,36 +398,56 @@ def _explain_exception(exc: BaseException) -> str:
 # ------------------------------------------------------------------ the exercise
 
 
+@functools.cache
+def _words(module: str) -> dict[str, Any]:
+    """The words of a chapter's exercises (``chNN.en.toml`` beside ``chNN.py``), {} if it has none."""
+    path = Path(__file__).with_name(f"{module.rpartition('.')[2]}.en.toml")
+    return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
 @dataclass
 class Exercise:
-    """One exercise, declared once.
+    """One exercise, declared once: its code here, its words in the chapter's ``.en.toml``.
 
-    name: short id shown to the learner ("Q1").
-    prompt: the task, with the forms of answer it accepts.
+    name: short id shown to the learner ("Q1"), and the exercise's table in the words file.
     model_answer: the reference: a function or a class (``form`` "function" or a base class), or for a
         ``form="value"`` exercise a function that returns the value. ``.solution()`` shows its source.
-    hints: shown one at a time by :meth:`hint`.
     cases: ``cases()`` returns fresh inputs, one per case (value exercises have one case, None).
     observe: ``observe(answer, case)`` returns what is compared: a value, a dict of named facts, or
         yields ``(name, value)`` facts, in the order they are judged; it raises :class:`Incorrect`
         when the answer has the wrong form.
-    mistakes: ``{reason: answer}``: an answer that behaves like one of these gets its reason.
+    mistakes: ``{name: answer}``: an answer that behaves like one of these gets the reason that the
+        words file gives for that name.
     describe: ``describe(case)`` names an input in a message ("for n=10 on 3 ranks").
     tol: ``(rtol, atol)`` for floats; float32 precision unless the task asks for float64.
     form: "value", "function", or the base class a class answer must subclass.
+    prompt, hints, reasons: the words (the task, the hints shown one at a time by :meth:`hint`, and
+        ``{mistake name: reason}``); read from the words file of the model answer's module when
+        not given.
     """
 
     name: str
-    prompt: str
     model_answer: Callable[..., Any]
-    hints: Sequence[str]
     cases: Callable[[], Sequence[Any]] = lambda: [None]
     observe: Callable[[Any, Any], Any] = lambda answer, case: answer(*case)
     mistakes: dict[str, Any] = field(default_factory=dict)
     describe: Callable[[Any], str] = lambda case: ""
     tol: tuple[float, float] = (1e-5, 1e-6)
     form: str | type = "function"
+    prompt: str = ""
+    hints: Sequence[str] = ()
+    reasons: dict[str, str] = field(default_factory=dict)
     _hints_shown: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        words = _words(self.model_answer.__module__).get(self.name, {})
+        self.prompt = self.prompt or words.get("prompt", "")
+        self.hints = list(self.hints or words.get("hints", []))
+        self.reasons = self.reasons or words.get("mistakes", {}) or {k: k for k in self.mistakes}
+        if self.reasons.keys() != self.mistakes.keys() or not self.prompt or not self.hints:
+            raise ValueError(f"{self.model_answer.__module__} {self.name}: the words file must give a prompt, "
+                             f"hints, and a reason for each mistake {sorted(self.mistakes)} (it gives "
+                             f"{sorted(self.reasons)})")
 
     def check(self, answer: Any = Ellipsis) -> CheckResult:
         """Check the learner's answer; never raises, returns within about TIME_LIMIT_S seconds."""
@@ -471,10 +508,10 @@ class Exercise:
             key = _first_diff(got, want, rtol, atol)
             if key is None:
                 continue
-            for reason, mistake in self.mistakes.items():
+            for mistake_name, mistake in self.mistakes.items():
                 seen = _outcome(self.observe, mistake, self._case(i), want, self.tol)
                 if _first_diff(seen, want, rtol, atol) == key and _same(seen[key], got[key], rtol, atol):
-                    raise Incorrect(reason)
+                    raise Incorrect(self.reasons[mistake_name])
             raise Incorrect(self._explain(self._case(i), key, got[key], want.get(key)))
 
     def _check_form(self, answer: Any) -> None:
