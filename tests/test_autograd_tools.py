@@ -216,4 +216,4 @@ def test_backward_walk_matches_autograd_and_leaves_the_graph_alone():
 
 def test_q5_tells_a_walk_from_autograd_itself():
     assert "autograd itself" in ch01.q5.check(lambda out: dict(zip(*ch01._autograd_grads(out), strict=True))).message
-    assert "filled the leaves' .grad" in ch01.q5.check(ch01._mistake_backward).message
+    assert "called backward()" in ch01.q5.check(ch01._mistake_backward).message

@@ -78,6 +78,18 @@ def _spinner(*args, **kwargs):
         pass
 
 
+def _swallower(*args, **kwargs):
+    while True:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: BLE001 - swallows the time limit, as a bare `except:` would
+            pass
+
+
+def _exits(*args, **kwargs):
+    raise SystemExit(3)
+
+
 class _SlowModule(nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -108,6 +120,8 @@ HOSTILE = {
     "an endless generator": lambda: (i for i in itertools.count()),
     "a sleeping function": lambda: _sleeper,
     "a spinning function": lambda: _spinner,
+    "a function whose loop swallows every exception": lambda: _swallower,  # on simulated ranks (04-05) it is left asleep, as a sleeping thread cannot be stopped
+    "a function calling sys.exit": lambda: _exits,
     "a function returning an endless iterator": lambda: lambda *a, **k: itertools.count(),
     "a huge tensor": lambda: torch.zeros(1).expand(10**9),
     "a function returning a huge tensor": lambda: lambda *a, **k: torch.zeros(1).expand(10**9),

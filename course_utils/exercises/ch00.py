@@ -13,10 +13,14 @@ def make_squares():
 
 def _facts(answer, _):
     t = as_tensor(answer, "squares")
-    whole = not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+    whole = not (t.is_floating_point() or t.is_complex())
     return {
         "the shape of squares": tuple(t.shape),
-        "its numbers": "whole" if whole else "fractional",
+        "its numbers": "true/false"
+        if t.dtype == torch.bool
+        else "whole"
+        if whole
+        else "fractional",
         "squares": t,
     }
 

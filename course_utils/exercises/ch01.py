@@ -3,6 +3,8 @@ product with ``create_graph=True``, finite differences, and the backward pass wa
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .core import Exercise, Incorrect, as_number, as_tensor, kind, take, variant
@@ -163,6 +165,9 @@ q4 = Exercise(
     tol=(1e-7, 1e-9),  # float64, as the task asks
     mistakes=dict(
         one_sided=variant(numerical_grad, "f(x_minus)) / (2 * eps)", "f(x)) / eps"),
+        one_sided_back=variant(
+            numerical_grad, "(f(x_plus) - f(x_minus)) / (2 * eps)", "(f(x) - f(x_minus)) / eps"
+        ),
         twice_too_large=lambda f, x, eps=1e-6: 2 * numerical_grad(f, x, eps),
         all_at_once=lambda f, x, eps=1e-6: torch.full_like(
             x, (f(x + eps) - f(x - eps)) / (2 * eps)
@@ -217,8 +222,27 @@ def _cases_q5():
     ]
 
 
-def _graph_state(out, leaves):
-    """What a walk left behind: backward() fills the leaves' .grad, autograd.grad frees saved tensors."""
+@contextlib.contextmanager
+def _autograd_calls(calls):
+    """Record the calls of backward() and torch.autograd.grad: they would do the walk themselves."""
+    real = torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward
+
+    def spy(name, f):
+        return lambda *a, **k: (calls.append(name), f(*a, **k))[1]
+
+    torch.autograd.grad = spy("called torch.autograd.grad", real[0])
+    torch.autograd.backward = spy("called backward()", real[1])
+    torch.Tensor.backward = spy("called backward()", real[2])
+    try:
+        yield
+    finally:
+        torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward = real
+
+
+def _graph_state(out, leaves, calls):
+    """What a walk did: call autograd, fill the leaves' .grad, free the saved tensors, or nothing."""
+    if calls:
+        return calls[0]
     if any(leaf.grad is not None for leaf in leaves.values()):
         return "filled the leaves' .grad"
     stack = [out.grad_fn]
@@ -239,12 +263,14 @@ def _graph_state(out, leaves):
 
 def _observe_q5(fn, case):
     out, leaves, _, _ = case
-    grads = fn(out)
+    calls = []
+    with _autograd_calls(calls):
+        grads = fn(out)
     if not isinstance(grads, dict):
         raise Incorrect(
             f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}."
         )
-    yield "what your function did to the graph", _graph_state(out, leaves)
+    yield "what your function did to the graph", _graph_state(out, leaves, calls)
     for name, leaf in leaves.items():
         if leaf not in grads:
             keys = take(grads.keys(), 3)

@@ -56,7 +56,15 @@ q1 = Exercise(
     mistakes=dict(
         plain_list=ListNet,
         half_registered=_HalfFixed,
-        layer_in_forward=variant(FixedNet, "self.layers[-1](x)", "nn.Linear(64, 10)(x)"),
+        layer_in_forward=variant(
+            FixedNet,
+            ", nn.Linear(64, 10)])",
+            "])",
+            "self.layers[-1](x)",
+            "nn.Linear(64, 10)(x)",
+            "self.layers[:-1]",
+            "self.layers",
+        ),
     ),
 )
 
@@ -215,6 +223,7 @@ q4 = Exercise(
     mistakes=dict(
         hooks_left=variant(record_output_shapes, "h.remove()", "pass"),
         input_shapes=variant(record_output_shapes, "output.shape", "inputs[0].shape"),
+        late_binding=variant(record_output_shapes, "output, name=name):", "output):"),
         containers=variant(record_output_shapes, "if not list(module.children()):", "if True:"),
     ),
 )

@@ -54,7 +54,7 @@ q2 = Exercise(
         [(7, 7), (0, 5), (20, 30), (1, 2)],
     ],
     observe=lambda fn, s: numbers_on_ranks(fn, s, lambda r, w, c, t: (c, t, fake_dist(r, w))),
-    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks, the values the ranks return",
+    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
     mistakes=dict(
         mean_of_accuracies=variant(global_accuracy, "[correct, total]", "[correct / total, 1.0]"),
         not_reduced=variant(global_accuracy, "dist.all_reduce(counts)", "pass"),
@@ -78,7 +78,7 @@ def _orders(fn, c):
         DistributedSampler(list(range(n)), num_replicas=world, rank=rank, shuffle=True, seed=0),
         epochs,
     )
-    return [as_ints(e, "each epoch's indices") for e in take(out, epochs + 1)]
+    return {"the orders": [as_ints(e, "each epoch's indices") for e in take(out, epochs + 1)]}
 
 
 q3 = Exercise(
@@ -86,9 +86,7 @@ q3 = Exercise(
     epoch_orders,
     cases=lambda: [(12, 2, 1, 3), (10, 3, 0, 2), (7, 2, 1, 4)],
     observe=_orders,
-    describe=lambda c: (
-        f"for a sampler over {c[0]} items, rank {c[2]} of {c[1]}, and epochs={c[3]}, the orders"
-    ),
+    describe=lambda c: f"for a sampler over {c[0]} items, rank {c[2]} of {c[1]}, and epochs={c[3]}",
     mistakes=dict(
         no_set_epoch=variant(epoch_orders, "sampler.set_epoch(epoch)", "pass"),
         set_epoch_after=variant(

@@ -50,7 +50,7 @@ q1 = Exercise(
             w.size,
         ),
     ),
-    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks, the values the ranks return",
+    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
     mistakes=dict(
         mean_of_accuracies=variant(
             global_accuracy, "[correct, total]", "[correct / total, torch.tensor(1.0)]"
@@ -178,8 +178,9 @@ def _swallowing(obj, path):
 
 
 @contextlib.contextmanager
-def _crash_at(call: int, renames: list):
-    """The `call`-th torch.save (counting from 1) writes half its bytes and raises OSError; renames are recorded."""
+def _crash_at(call: int, renames: list, path: Path, at_crash: list):
+    """The `call`-th torch.save (counting from 1) writes half its bytes and raises OSError; renames are
+    recorded, and so is what `path` holds at the crash (a real crash runs no `except` after it)."""
     real_save, real_replace, real_rename, calls = torch.save, os.replace, os.rename, [0]
 
     def save(obj, f, *args, **kwargs):
@@ -193,6 +194,8 @@ def _crash_at(call: int, renames: list):
             Path(f).write_bytes(data)
         else:
             f.write(data)
+            f.flush()
+        at_crash.append(_held(path))
         raise OSError("simulated crash: the process died half-way through torch.save")
 
     def recording(real):
@@ -224,14 +227,21 @@ def _save_facts(fn, case):
         fn({"epoch": 1, "w": torch.ones(500)}, arg)
         yield "after a save, the file at `path` holds epoch", _held(path)
         crashed = True
-        with _crash_at(1, renames), contextlib.suppress(OSError):
+        at_crash = []
+        with _crash_at(1, renames, path, at_crash), contextlib.suppress(OSError):
             fn({"epoch": 2, "w": torch.zeros(500)}, arg)
             crashed = False
         yield "the crash reached the caller (an OSError)", crashed
-        yield "after a crash in the next save, the file at `path` holds epoch", _held(path)
-        with _crash_at(2, renames), contextlib.suppress(OSError):
+        yield (
+            "at a crash in the next save, the file at `path` holds epoch",
+            at_crash.pop(0) if at_crash else _held(path),
+        )
+        with _crash_at(2, renames, path, at_crash), contextlib.suppress(OSError):
             fn({"epoch": 3, "w": torch.ones(500)}, arg)
-        yield "after a save whose second torch.save call crashes, the file holds epoch", _held(path)
+        yield (
+            "at a crash in a save's second torch.save call, the file holds epoch",
+            at_crash.pop(0) if at_crash else _held(path),
+        )
         yield (
             "the temporary file is in the checkpoint's folder",
             all(p.resolve().parent == folder.resolve() for p in renames),

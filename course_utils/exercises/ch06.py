@@ -82,6 +82,13 @@ def _accumulate_facts(fn, case):
     return {"the weights after two calls": [p.detach().clone() for p in model.parameters()]}
 
 
+def _step_each(model, optimizer, micro_batches):
+    for x, y in micro_batches:  # the ordinary loop: no accumulation at all
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
 q2 = Exercise(
     "Q2",
     accumulate_step,
@@ -90,13 +97,7 @@ q2 = Exercise(
     describe=lambda c: f"for {c[0]} micro-batches of 4 samples with {c[1]} features",
     mistakes=dict(
         no_scale=variant(accumulate_step, "(loss / k).backward()", "loss.backward()"),
-        step_each=variant(
-            accumulate_step,
-            "optimizer.step()  # one step",
-            "pass  #",
-            "(loss / k).backward()",
-            "(loss / k).backward()\n        optimizer.step()",
-        ),
+        step_each=_step_each,
         no_zero_grad=variant(accumulate_step, "optimizer.zero_grad()", "pass"),
     ),
 )

@@ -12,6 +12,8 @@ import itertools
 import math
 import random
 import signal
+import sys
+import sysconfig
 import textwrap
 import threading
 import time
@@ -35,6 +37,10 @@ class Incorrect(Exception):
 
 class NotAttempted(Exception):
     """There is nothing to check yet."""
+
+
+class _CheckerFailed(Exception):
+    """The model answer itself failed: a bug of the checker, not of the learner."""
 
 
 class TimeUp(BaseException):  # not an Exception: a learner's `except Exception` cannot swallow it
@@ -95,17 +101,24 @@ class _Text:
 
 @contextlib.contextmanager
 def untouched() -> Iterator[None]:
-    """Restore, on the way out, everything of the session that running code may change: the torch
-    (and CUDA), numpy and ``random`` generators, grad mode, the default dtype and the thread count."""
+    """Run with a known state (grad mode on, no inference mode, float32 by default) and restore, on
+    the way out, everything of the session that running code may change: the torch (and CUDA, MPS),
+    numpy and ``random`` generators, grad mode, the default dtype and the thread count."""
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    mps = torch.backends.mps.is_available()
     saved = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, np.random.get_state(),
-             random.getstate(), torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_num_threads())
+             random.getstate(), torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_num_threads(),
+             torch.mps.get_rng_state() if mps else None)
     try:
-        yield
+        torch.set_default_dtype(torch.float32)
+        with torch.inference_mode(False), torch.enable_grad():
+            yield
     finally:
         torch.set_rng_state(saved[0])
         if saved[1] is not None:
             torch.cuda.set_rng_state_all(saved[1])
+        if saved[7] is not None:
+            torch.mps.set_rng_state(saved[7])
         np.random.set_state(saved[2])
         random.setstate(saved[3])
         torch.set_grad_enabled(saved[4])
@@ -154,6 +167,38 @@ def _asleep(tid: int | None) -> bool:
 MAX_STRETCH = 3.0  # on a busy machine a limit grows by the time spent waiting for a CPU, up to this factor
 
 
+_NOT_LEARNERS = tuple({str(Path(__file__).resolve().parents[1]), *(
+    sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
+
+
+def learners_code(frame: Any) -> bool:
+    """Whether `frame` runs the learner's code: not the course's package, the standard library or an
+    installed package (whose cleanup must run even after a time limit)."""
+    name = frame.f_code.co_filename
+    return not name.startswith(_NOT_LEARNERS) and not name.startswith("<frozen")
+
+
+def _stop_every_line(frame: Any, until: Any) -> None:
+    """From now on, every line of the learner's code that runs in `frame` and its callers below
+    `until`, or in a function they call, raises :class:`TimeUp`: code that swallows one (``except BaseException: pass``) gets
+    the next one at its next line, which is outside the ``try`` that caught the first. (Python
+    switches a trace function off once it raises, so code that swallows at two levels of ``try``
+    in an endless loop cannot be stopped; nor can the kernel's interrupt stop it.)"""
+
+    def trace(f: Any, event: str, arg: Any) -> Any:
+        if not learners_code(f):  # the course's and the libraries' code runs untraced
+            return None
+        if event == "line":
+            raise TimeUp()
+        return trace
+
+    sys.settrace(trace)
+    while frame is not None and frame is not until:
+        if learners_code(frame):
+            frame.f_trace = trace
+        frame = frame.f_back
+
+
 def _bounded(fn: Callable[[], Any], seconds: float) -> tuple[Any, float]:
     """``(fn(), seconds charged)``, stopped with :class:`TimeUp` once ``fn`` has run for `seconds`.
     Time spent waiting for a CPU is not charged (a right answer stays right on a busy machine), up to
@@ -188,19 +233,29 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> tuple[Any, float]:
 
     wait0 = _cpu_wait()
 
+    expired = []
+
     def time_up(signum: int, frame: Any) -> None:
         left = seconds - charged(_cpu_wait() - wait0)
-        if left > 0.001:  # the code waited for a CPU: give that time back
+        if left > 0.001 and not expired:  # the code waited for a CPU: give that time back
             signal.setitimer(signal.ITIMER_REAL, left)
             return
+        expired.append(True)
+        if learners_code(frame):  # an `except:` that swallows this TimeUp gets another
+            _stop_every_line(frame, until=here)
         raise TimeUp()
 
+    here, old_trace = sys._getframe(), sys.gettrace()
     old = signal.signal(signal.SIGALRM, time_up)
     outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        return fn(), charged(_cpu_wait() - wait0)
+        result = fn()
+        if expired:  # the code caught TimeUp and finished late
+            raise TimeUp()
+        return result, charged(_cpu_wait() - wait0)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.settrace(old_trace)
         signal.signal(signal.SIGALRM, old)
         if outer:  # someone else's timer was running: let it go on
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
@@ -218,7 +273,7 @@ def kind(x: Any) -> str:
     if inspect.isroutine(x):
         return "a function"
     name = type(x).__name__
-    return f"an {name}" if name[:1] in "aeiouAEIOU" else f"a {name}"
+    return f"an {name}" if name[:1] in "aeiouAEIOU" or name == "ndarray" else f"a {name}"
 
 
 def as_number(x: Any, what: str = "your answer", whole: bool = False) -> float | int:
@@ -323,6 +378,9 @@ def _same(a: Any, b: Any, rtol: float, atol: float) -> bool:
 
 def _show(x: Any, other: Any = None) -> str:
     """A short text for a value; numbers get enough digits to differ from `other`."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 and (other is None or (
+            isinstance(other, int | float) and float(other).is_integer())):
+        return str(int(x))  # 14, not 14.0000
     if isinstance(x, float):
         short = f"{x:.4f}"
         return repr(x) if isinstance(other, int | float) and f"{float(other):.4f}" == short else short
@@ -367,7 +425,7 @@ def _outcome(observe: Callable[[Any, Any], Any], answer: Any, case: Any, want: d
         raise NotAttempted("your code still raises NotImplementedError: fill in its body.") from None
     except (NotAttempted, TimeUp):
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         facts["error"] = _Raised(type(exc).__name__, str(exc), _explain_exception(exc))
         return facts
     return seen if isinstance(seen, dict) else {"result": seen}
@@ -463,7 +521,9 @@ class Exercise:
                 return self._result("incorrect", str(exc))
             except TimeUp:
                 return self._result("incorrect", f"your code did not finish within {TIME_LIMIT_S:g} seconds (an endless loop, a sleep, or an endless iterator?). Make it finish, then check again.")
-            except Exception as exc:  # a check must never crash the notebook
+            except _CheckerFailed as exc:
+                return self._result("incorrect", f"the checker itself failed on its model answer ({exc}); please report it.")
+            except (Exception, SystemExit) as exc:  # a check must never crash the notebook
                 return self._result("incorrect", _explain_exception(exc))
         return self._result("correct", "well done." if self._hints_shown == 0 else "well done (with hints).")
 
@@ -500,7 +560,7 @@ class Exercise:
         for i in range(len(self.cases())):
             want = _outcome(self.observe, self.reference(), self._case(i))
             if "error" in want or "incorrect" in want:
-                raise RuntimeError(f"the check itself failed ({want}); please report it")
+                raise _CheckerFailed(str(want.get("error") or want.get("incorrect"))[:300])
             case = self._case(i)
             mine = _copy(answer) if self.form == "value" else answer
             got, used = _bounded(lambda a=mine, c=case, w=want: _outcome(self.observe, a, c, w, self.tol), max(budget, 0.01))

@@ -42,6 +42,9 @@ class World:
         self.barrier.wait()
         with torch.no_grad():
             tensor.copy_(result)
+        return SimpleNamespace(
+            wait=lambda *a, **k: True, is_completed=lambda: True
+        )  # as with async_op=True
 
 
 def run_on_ranks(fn: Callable[..., Any], world: World, args: Sequence[tuple]) -> list[Any]:
@@ -50,7 +53,6 @@ def run_on_ranks(fn: Callable[..., Any], world: World, args: Sequence[tuple]) ->
     errors: list[BaseException | None] = [None] * world.size
 
     finished = [threading.Event() for _ in range(world.size)]
-
     def run(r: int) -> None:
         try:
             results[r] = fn(*args[r])
@@ -87,6 +89,7 @@ def fake_dist(rank: int, world: World) -> SimpleNamespace:
         get_rank=lambda: rank,
         get_world_size=lambda: world.size,
         all_reduce=functools.partial(world.all_reduce, rank),
+        group=SimpleNamespace(WORLD=None),
     )
 
 
@@ -97,7 +100,11 @@ def numbers_on_ranks(
     calling ``fn(*args(rank, world, correct, total))``."""
     world = World(len(shards))
     results = run_on_ranks(fn, world, [args(r, world, c, t) for r, (c, t) in enumerate(shards)])
-    return [as_number(v, f"what rank {r} returns") for r, v in enumerate(results)]
+    return {
+        "what the ranks return": [
+            as_number(v, f"what rank {r} returns") for r, v in enumerate(results)
+        ]
+    }
 
 
 def module_facts(cls: type, reference: type, x: torch.Tensor):
