@@ -16,11 +16,7 @@ def _facts(answer, _):
     whole = not (t.is_floating_point() or t.is_complex())
     return {
         "the shape of squares": tuple(t.shape),
-        "its numbers": "true/false"
-        if t.dtype == torch.bool
-        else "whole"
-        if whole
-        else "fractional",
+        "its numbers": {torch.bool: "true/false"}.get(t.dtype, "whole" if whole else "fractional"),
         "squares": t,
     }
 

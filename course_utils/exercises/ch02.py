@@ -58,12 +58,12 @@ q1 = Exercise(
         half_registered=_HalfFixed,
         layer_in_forward=variant(
             FixedNet,
-            ", nn.Linear(64, 10)])",
-            "])",
-            "self.layers[-1](x)",
-            "nn.Linear(64, 10)(x)",
-            "self.layers[:-1]",
-            "self.layers",
+            ", nn.Linear(64, 10)]",
+            "]",
+            "[:-1]",
+            "",
+            "self.layers[-1]",
+            "nn.Linear(64, 10)",
         ),
     ),
 )
@@ -76,6 +76,9 @@ class Scale(nn.Module):
 
     def forward(self, x):
         return x * self.factor
+
+
+_BUFFER = 'register_buffer("factor", factor, persistent=False)'
 
 
 def _scale_facts(cls, factor):
@@ -101,17 +104,9 @@ q2 = Exercise(
     observe=_scale_facts,
     describe=lambda f: f"for factor = {f.tolist()}",
     mistakes=dict(
-        plain_attribute=variant(
-            Scale,
-            'self.register_buffer("factor", factor, persistent=False)',
-            "self.factor = factor",
-        ),
+        plain_attribute=variant(Scale, _BUFFER, "factor = factor"),
         persistent=variant(Scale, ", persistent=False", ""),
-        parameter=variant(
-            Scale,
-            'self.register_buffer("factor", factor, persistent=False)',
-            "self.factor = nn.Parameter(factor, requires_grad=False)",
-        ),
+        parameter=variant(Scale, _BUFFER, "factor = nn.Parameter(factor, requires_grad=False)"),
     ),
 )
 

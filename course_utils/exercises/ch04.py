@@ -19,10 +19,7 @@ def answer_q1():
 
 
 _SHARES, _EPOCH0 = sampler_indices(10, 3, epoch=3), sampler_indices(10, 3, epoch=0)[1]
-_CONTIGUOUS, _UNPADDED = (
-    [i for pos in range(4) for i in (s[pos] for s in _SHARES)][4:8],
-    _SHARES[1][:3],
-)
+_CONTIGUOUS = [i for pos in range(4) for i in (s[pos] for s in _SHARES)][4:8]  # positions 4-7
 
 q1 = Exercise(
     "Q1",
@@ -34,7 +31,7 @@ q1 = Exercise(
         rank_zero=_SHARES[0],
         rank_two=_SHARES[2],
         contiguous=_CONTIGUOUS,
-        unpadded=_UNPADDED,
+        unpadded=_SHARES[1][:3],
     ),
 )
 

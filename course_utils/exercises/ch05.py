@@ -32,6 +32,11 @@ def _mismatched_calls(correct, total, all_reduce, world_size):
     return (correct / total).item()
 
 
+def _rank_args(r, world, correct, total):  # rank r's arguments, on the simulated world
+    c, t = torch.tensor(float(correct)), torch.tensor(float(total))
+    return c, t, functools.partial(world.all_reduce, r), world.size
+
+
 q1 = Exercise(
     "Q1",
     global_accuracy,
@@ -40,20 +45,11 @@ q1 = Exercise(
         [(3, 4), (30, 40)],
         [(1, 1), (0, 3), (60, 80), (5, 9)],
     ],
-    observe=lambda fn, s: numbers_on_ranks(
-        fn,
-        s,
-        lambda r, w, c, t: (
-            torch.tensor(float(c)),
-            torch.tensor(float(t)),
-            functools.partial(w.all_reduce, r),
-            w.size,
-        ),
-    ),
+    observe=lambda fn, s: numbers_on_ranks(fn, s, _rank_args),
     describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
     mistakes=dict(
         mean_of_accuracies=variant(
-            global_accuracy, "[correct, total]", "[correct / total, torch.tensor(1.0)]"
+            global_accuracy, "[correct, total]", "[correct / total, total / total]"
         ),
         not_reduced=variant(global_accuracy, "all_reduce(counts)", "pass"),
         mismatched_calls=_mismatched_calls,

@@ -42,11 +42,7 @@ q1 = Exercise(
     describe=lambda x: f"for a batch of shape {tuple(x.shape)}",
     mistakes=dict(
         layer_in_forward=variant(
-            FixedNet,
-            "self.fc2 = nn.Linear(32, 10)",
-            "pass",
-            "self.fc2(torch",
-            "nn.Linear(32, 10)(torch",
+            FixedNet, "nn.Linear(32, 10)", "None", "self.fc2(", "nn.Linear(32, 10)("
         ),
         plain_list=_InAList,
     ),

@@ -53,6 +53,7 @@ def run_on_ranks(fn: Callable[..., Any], world: World, args: Sequence[tuple]) ->
     errors: list[BaseException | None] = [None] * world.size
 
     finished = [threading.Event() for _ in range(world.size)]
+
     def run(r: int) -> None:
         try:
             results[r] = fn(*args[r])
