@@ -27,4 +27,4 @@ setup:
 doctor: setup
 	@.venv/bin/python -m course_utils doctor
 lint: setup
-	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py
+	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py tools benchmarks

@@ -190,12 +190,12 @@ def notebooks_from(argv):
 
 def cmd_execute(argv):
     ensure_venv()
-    return in_venv(["-m", "course_utils.notebook", "execute"] + [str(p) for p in notebooks_from(argv)])
+    return in_venv(["-m", "tools.notebook", "execute"] + [str(p) for p in notebooks_from(argv)])
 
 
 def cmd_bench(argv):
     ensure_venv()
-    return in_venv(["-m", "course_utils.notebook", "bench"] + list(argv))
+    return in_venv(["-m", "tools.notebook", "bench"] + list(argv))
 
 
 # The documented normal mode of every script in notebooks/scripts/ (its docstring's command),
@@ -304,7 +304,7 @@ def cmd_stress(argv):
             failures += nfail
     if opts.only != "scripts":
         print("\nNotebooks, %d run(s) each, in a fresh kernel ..." % opts.notebook_runs, flush=True)
-        rc = in_venv(["-m", "course_utils.notebook", "stress", "--runs", str(opts.notebook_runs)])
+        rc = in_venv(["-m", "tools.notebook", "stress", "--runs", str(opts.notebook_runs)])
         failures += rc != 0
     print("\nstress: %s" % ("no failure" if failures == 0 else "FAILED"), flush=True)
     return 0 if failures == 0 else 1

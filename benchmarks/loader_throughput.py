@@ -7,12 +7,12 @@
     python benchmarks/loader_throughput.py --grid                 # also persistent_workers x prefetch_factor
     python benchmarks/loader_throughput.py --save-reference       # store the reference curve of chapter 03
 
-The data set is ``course_utils.loading.SyntheticImages``: JPEG images generated on the fly
+The data set is ``course_utils.ch03_data_loading.SyntheticImages``: JPEG images generated on the fly
 (deterministic per index), decoded, resized and normalised per item, so the work per item
 resembles a real image pipeline. The defaults are the notebook's settings, so that the two
 curves can be compared.
 
-The curve is measured in steady state (``course_utils.loading.measure_steady``): for each
+The curve is measured in steady state (``course_utils.ch03_data_loading.measure_steady``): for each
 ``num_workers``, one warm-up epoch whose first batch gives the start-up time (reported on its
 own), then ``--repeats`` timed epochs with persistent workers; the table shows the median epoch
 and how much the repeats disagreed. The "once" column checks that every epoch delivered every
@@ -39,21 +39,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 import torch  # noqa: E402
 
-from course_utils.loading import (  # noqa: E402
+from course_utils.ch03_data_loading import (
     REFERENCE_PATH,
     LoaderRun,
     SteadyRun,
     SyntheticImages,
-    busy_warning,
-    cpu_cores,
     curve_summary,
     format_runs,
     format_steady,
-    load_average,
     measure_steady,
     measure_throughput,
     reference_record,
 )
+from course_utils.device import busy_warning, cpu_cores, load_average
 
 
 def _ints(text: str) -> list[int]:
@@ -159,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from course_utils.loading import load_reference, plot_curves
+        from course_utils.ch03_data_loading import load_reference, plot_curves
 
         ref = load_reference() if REFERENCE_PATH.exists() and not args.save_reference else None
         fig = plot_curves(runs, cores, ref)

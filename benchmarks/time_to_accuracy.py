@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from course_utils.ch05_full_pipeline import read_metrics  # noqa: E402
 from course_utils.launch import torchrun  # noqa: E402
-from course_utils.pipeline import read_metrics  # noqa: E402
 
 SCRIPT = "scripts/train.py"
 

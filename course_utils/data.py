@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -215,3 +216,41 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _check_sampler_args(n: int, world_size: int, epoch: int) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"the data set needs at least one item, got n={n!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size!r}")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be 0 or more, got {epoch!r}")
+
+
+def _order(n: int, world_size: int, epoch: int, shuffle: bool, seed: int, drop_last: bool) -> tuple[list[int], int]:
+    """The epoch's full index list after padding or dropping, and how many entries are padding."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)  # what set_epoch changes: without it, epoch stays 0
+        order = torch.randperm(n, generator=g).tolist()
+    else:
+        order = list(range(n))
+    if drop_last and n % world_size:
+        per_rank = math.ceil((n - world_size) / world_size)
+    else:
+        per_rank = math.ceil(n / world_size)
+    total = per_rank * world_size
+    if total >= n:  # pad by repeating the start of the order (wrapping round if it is short)
+        pad = total - n
+        order = order + (order * math.ceil(pad / n))[:pad] if pad else order
+        return order, pad
+    return order[:total], 0
+
+
+def sampler_indices(n: int, world_size: int, epoch: int = 0, shuffle: bool = True, seed: int = 0,
+                    drop_last: bool = False) -> list[list[int]]:
+    """The indices ``DistributedSampler(dataset_of_n, world_size, rank, shuffle, seed, drop_last)``
+    yields on every rank after ``set_epoch(epoch)``: ``result[rank]`` is rank's list, in order."""
+    _check_sampler_args(n, world_size, epoch)
+    order, _ = _order(n, world_size, epoch, shuffle, seed, drop_last)
+    return [order[r::world_size] for r in range(world_size)]

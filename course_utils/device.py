@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -66,3 +68,70 @@ def describe(device: torch.device | None = None) -> str:
     if device.type == "cuda":
         return f"device: cuda ({torch.cuda.get_device_name(device)})"
     return f"device: {device.type}"
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the OS has none.
+
+    It counts the processes running or waiting to run (on Linux also those waiting for the disk,
+    state D), averaged over the last minute.
+    """
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_warning(load: float | None, cores: int) -> str:
+    """A warning when the machine is busy (load average above the core count), else "".
+
+    On Linux the load also counts processes waiting for the disk, so a high load is usually, not
+    always, competition for the CPU.
+    """
+    if load is None or load <= cores:
+        return ""
+    return (f"WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs "
+            "compete for the CPU (or, on Linux, the disk), so these numbers measure that competition as much "
+            "as the loader "
+            "(more worker processes simply win a larger share of the CPU). Measure again when the "
+            "machine is idle before drawing conclusions.")
+
+
+def cpu_load() -> str:
+    """The 1-minute load average against the core count, as one line ("" where the OS has no load average).
+
+    A load above the core count means other programs compete with the loader, usually for the CPU
+    (on Linux the load also counts processes waiting for the disk): then more worker processes win
+    a larger share of the CPU, and a throughput curve says more about the neighbours than about the
+    loader.
+    """
+    load = load_average()
+    if load is None:
+        return ""
+    cores = cpu_cores()
+    busy = " (busy: load above the core count, numbers are not an idle machine's)" if load > cores else ""
+    return f"load average {load:.1f} on {cores} cores{busy}"
+
+
+def cpu_cores() -> int:
+    """The number of CPU cores this process may run on (what the loader curve is compared with)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def one_main_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread in this process, then restore the setting.
+
+    Workers run with one thread (DataLoader sets it); measuring the main process with one too
+    keeps a loader comparison about processes, not about the main process's thread pool (whose
+    threads wait for a core, and slow every batch down, on a busy machine).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

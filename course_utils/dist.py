@@ -19,12 +19,15 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 BACKEND_VAR = "COURSE_BACKEND"
 
@@ -181,3 +184,93 @@ def rprint(*args: object) -> None:
     """
     sys.stdout.write(" ".join(str(a) for a in args) + "\n")
     sys.stdout.flush()
+
+
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    """This rank's share of ``range(n)`` with no padding: every index on exactly one rank."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return list(range(rank, n, world_size))
+
+
+class ShardSampler(Sampler[int]):
+    """Evaluation sampler: rank r gets indices r, r + W, r + 2W, ... (no shuffling, no padding).
+
+    ``DistributedSampler`` pads the index list so that every rank gets the same number of
+    samples (it repeats the first ones), which is what training needs; counted in a metric, the
+    repeated samples count twice. Shards here may differ in length by one, so evaluate with
+    the plain model (``ddp_model.module``), whose forward pass needs no collective.
+    """
+
+    def __init__(self, n: int, rank: int, world_size: int) -> None:
+        self.indices = shard_indices(n, rank, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def all_reduce_sums(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor of counts over all ranks (in place, and returned); a no-op without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+@torch.inference_mode()
+def local_eval_sums(model: nn.Module, loader: DataLoader, device: torch.device, bf16: bool = False) -> torch.Tensor:
+    """``[sum of losses, number correct, number of samples]`` over this rank's loader (float64)."""
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+        sums += torch.stack([loss.double(), (logits.argmax(1) == y).sum().double(),
+                             torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+    return sums
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    correct: int
+    total: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else float("nan")
+
+
+def evaluate(model: nn.Module, dataset: TensorDataset, rank: int, world_size: int, device: torch.device,
+             batch_size: int = 256, bf16: bool = False) -> EvalResult:
+    """Evaluate ``model`` on ``dataset``: each rank its own shard, counts all-reduced, each sample once.
+
+    Pass the plain model (``ddp_model.module``), in eval mode, with the same weights and buffers
+    on every rank (see :func:`sync_buffers`). Every rank must call this (it ends in a collective).
+    """
+    # A generator of its own: creating a DataLoader iterator draws a seed from it, and drawing from
+    # the global one would change the training run's random stream (dropout) from then on.
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), rank, world_size),
+                        generator=torch.Generator())
+    was_training = model.training
+    model.eval()
+    sums = all_reduce_sums(local_eval_sums(model, loader, device, bf16))
+    model.train(was_training)
+    loss_sum, correct, total = sums.tolist()
+    return EvalResult(loss_sum / max(total, 1.0), int(correct), int(total))
+
+
+def sync_buffers(model: nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s buffers (BatchNorm running statistics) to every rank.
+
+    DDP broadcasts rank 0's buffers at the start of each training forward, but that forward
+    then updates each rank's running statistics with its own batch: after the last step the
+    ranks disagree slightly. Call this before evaluating or saving, so all ranks hold the model
+    that the checkpoint holds.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for b in model.buffers():
+            dist.broadcast(b, src)

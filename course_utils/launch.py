@@ -25,22 +25,24 @@ Command line: ``python -m course_utils launch SCRIPT --nproc 2 -- ARGS``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import os
 import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-__all__ = ["LaunchError", "LaunchResult", "LaunchTimeout", "main", "torchrun"]
+from typing import Any
 
 #: Environment variable that marks every process of one job (to find and stop them all).
 JOB_VAR = "COURSE_LAUNCH_ID"
@@ -817,3 +819,128 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+_MODULE_REPR = re.compile(r"<module '([\w.]+)' \(.*?\)>")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_lines(text: str) -> list[str]:
+    """The lines of `text` that name an exception (``ValueError: ...``), in order, as plain text
+    that reads the same on every Python version: colour codes removed (3.13 colours tracebacks
+    when a terminal or ``FORCE_COLOR`` asks for it), and a module's repr shortened to
+    ``<module 'name'>`` (``(built-in)`` on 3.11, the loader's class from 3.12)."""
+    text = _ANSI.sub("", text)
+    lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.match(ln.strip())]
+    return [_MODULE_REPR.sub(r"<module '\1'>", ln) for ln in lines]
+
+
+_WORKER_DIED = re.compile(r"DataLoader worker .*?exited unexpectedly")
+_PIDS = re.compile(r" \(pid(?:\(s\))?[^)]*\)")  # " (pid 42)", " (pid(s) 42, 43)"
+
+
+def worker_failure(err: BaseException) -> str:
+    """A DataLoader's report that a worker died, as one line that reads the same in every run:
+    ``RuntimeError: DataLoader worker exited unexpectedly``, without the pid(s) and exit details that
+    change from run to run. Any other error comes back as ``Type: message`` unchanged."""
+    found = _WORKER_DIED.search(str(err))
+    what = _PIDS.sub("", found.group(0)) if found else str(err)
+    return f"{type(err).__name__}: {what}"
+
+
+@dataclass
+class CapturedStderr:
+    """What the children wrote (``text``, once the block has ended)."""
+
+    text: str = ""
+
+    def errors(self) -> Counter[str]:
+        """Each distinct exception line, with how many times it was written."""
+        return Counter(error_lines(self.text))
+
+    def summary(self) -> str:
+        """One line per distinct error, most frequent first (ties in alphabetical order)."""
+        errs = sorted(self.errors().items(), key=lambda kv: (-kv[1], kv[0]))
+        if not errs:
+            return "no error on the children's stderr"
+        return "\n".join(f"{n} x {line}" for line, n in errs)
+
+
+@contextlib.contextmanager
+def child_stderr() -> Iterator[CapturedStderr]:
+    """Send file descriptor 2 to a temporary file while the block runs (and so the stderr of
+    every process started inside it); restore it afterwards, even on an error."""
+    captured = CapturedStderr()
+    with tempfile.TemporaryFile() as fh:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(fh.fileno(), 2)
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            fh.seek(0)
+            captured.text = fh.read().decode("utf-8", "replace")
+
+
+def free_port() -> int:
+    """A TCP port that is free right now on this machine (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SpawnFailed(RuntimeError):
+    """Child processes of :func:`spawn_bounded` failed (``exit_code``, ``children_stderr``) or
+    outlived their time limit (``exit_code`` None)."""
+
+    def __init__(self, msg: str, exit_code: int | None = None, children_stderr: str = "") -> None:
+        super().__init__(msg)
+        self.exit_code = exit_code
+        self.children_stderr = children_stderr
+
+
+def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0,
+                  start_method: str = "spawn") -> int:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` that cannot hang a notebook, and whose
+    outcome does not depend on which child was faster. Returns the number of processes started.
+
+    Every child is waited for (not only the first to fail) until `timeout` seconds; those still
+    running then are stopped and :class:`SpawnFailed` is raised. A failing child raises
+    :class:`SpawnFailed` naming the children's own error line; their full stderr (captured, not
+    interleaved in the notebook) is in its ``children_stderr``.
+
+    `start_method` "spawn" is ``mp.spawn`` itself (fresh interpreters); "fork" copies the
+    parent instead (Linux and macOS only: faster, but unsafe after the parent ran torch work)."""
+    import torch.multiprocessing as mp
+
+    with child_stderr() as err:
+        context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
+        deadline = time.monotonic() + timeout
+        for p in context.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        late = [p for p in context.processes if p.is_alive()]
+        for p in late:
+            p.terminate()
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    if late:
+        raise SpawnFailed(
+            f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
+            "A process waiting forever (in init_process_group, a collective, ...) usually means "
+            "that another one never joined.", None, err.text)
+    codes = [p.exitcode for p in context.processes if p.exitcode != 0]
+    if codes:
+        causes = error_lines(err.text)
+        code = max(set(codes), key=codes.count)
+        raise SpawnFailed(
+            f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
+            f"{getattr(fn, '__name__', fn)!s}. The children's error: {causes[-1] if causes else '(no error message)'}",
+            code, err.text)
+    return len(context.processes)

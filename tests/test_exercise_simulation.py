@@ -673,7 +673,7 @@ CH04_Q1 = {
         "reversed": lambda: _Q1_RIGHT[::-1],
         "sorted": lambda: sorted(_Q1_RIGHT),
         "rank 2's share": lambda: [3, 5, 2, 0],
-        "epoch 4": lambda: __import__("course_utils.dist_viz", fromlist=["x"]).sampler_indices(10, 3, epoch=4)[1],
+        "epoch 4": lambda: __import__("course_utils.data", fromlist=["x"]).sampler_indices(10, 3, epoch=4)[1],
         "the first four of the order": lambda: [6, 0, 3, 7],
         "positions shifted by one": lambda: [3, 5, 2, 0][:3] + [6],
     },

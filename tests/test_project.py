@@ -185,7 +185,12 @@ def _controls(widget):
 def _widgets():
     import torch
 
-    from course_utils import autograd_tools, dist_viz, gallery, loading, modules, pitfalls
+    from course_utils import ch00_start_here as gallery
+    from course_utils import ch01_autograd as autograd_tools
+    from course_utils import ch02_nn_module as modules
+    from course_utils import ch03_data_loading as loading
+    from course_utils import ch04_distributed as dist_viz
+    from course_utils import ch06_pitfalls as pitfalls
 
     images, labels = torch.rand(40, 1, 28, 28), [i % 10 for i in range(40)]
     return {"sigmoid_explorer": autograd_tools.sigmoid_explorer, "sampler_explorer": dist_viz.sampler_explorer,
@@ -197,7 +202,7 @@ def _widgets():
 @pytest.mark.parametrize("name", ["sigmoid_explorer", "sampler_explorer", "gallery_widget", "batch_browser",
                                   "model_builder_widget", "switchboard_widget"])
 def test_widget_callbacks_leave_no_figure_open(name, monkeypatch):
-    """A widget draws its figure and closes it (course_utils.show_figure). The comm layer runs IPython's
+    """A widget draws its figure and closes it (course_utils.figures.show_figure). The comm layer runs IPython's
     post_execute hooks after every widget message, and in JupyterLab the inline backend's hook there
     showed a figure left open, blank, in place of the widget's real figure (found by the browser lane)."""
     import ipywidgets

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DistributedSampler
 
-from ..dist_viz import sampler_indices
+from ..data import sampler_indices
 from .core import Exercise, as_ints, as_number, take, variant
 from .shared import fake_dist, numbers_on_ranks
 

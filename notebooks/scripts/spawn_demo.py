@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.dist import check_backend, choose_backend, cleanup
-from course_utils.dist_viz import free_port, spawn_bounded
+from course_utils.launch import free_port, spawn_bounded
 
 
 def worker(index: int, world_size: int, out_dir: str) -> None:

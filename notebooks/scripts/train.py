@@ -33,16 +33,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_utils.device import seed_everything
-from course_utils.dist import DistContext, cleanup, rprint, setup
-from course_utils.pipeline import (
+from course_utils.ch05_full_pipeline import (
     CheckpointError,
     MetricsWriter,
     TrainConfig,
     atomic_save,
-    build_model,
     epoch_seed,
-    evaluate,
     format_config,
     get_rng_state,
     load_checkpoint,
@@ -52,8 +48,10 @@ from course_utils.pipeline import (
     save_checkpoint,
     seed_worker,
     set_rng_state,
-    sync_buffers,
 )
+from course_utils.device import seed_everything
+from course_utils.dist import DistContext, cleanup, evaluate, rprint, setup, sync_buffers
+from course_utils.models import build_model
 
 CRASH_EXIT_CODE = 13
 

@@ -165,7 +165,7 @@ def course_lab(tmp: Path, notebooks: Path | None = None) -> Iterator[Lab]:
         f = settings / name
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
-    from course_utils.dist_viz import free_port
+    from course_utils.launch import free_port
 
     port, token = free_port(), secrets.token_hex(16)
     log = tmp / "lab.log"

@@ -200,9 +200,9 @@ WIDGETS = {
     ],
     "01_autograd.ipynb": [
         ("226d7a89", [("slider", "x", "1.0")],
-         PLT + "from course_utils.autograd_tools import sigmoid_example_text as t, sigmoid_example_figure as f; print(t(1.0, 3.0, 1.0)); f(1.0, 3.0, 1.0); plt.show()"),
+         PLT + "from course_utils.ch01_autograd import sigmoid_example_text as t, sigmoid_example_figure as f; print(t(1.0, 3.0, 1.0)); f(1.0, 3.0, 1.0); plt.show()"),
         ("92dbbc30", [("slider", "step", "3")],
-         "import torch; from course_utils.graph import step_view; x, w, b = (torch.tensor([v], requires_grad=True) for v in (2.0, 3.0, 1.0)); y = w * x + b; z = torch.sigmoid(y); print(step_view(z, {'x': x, 'w': w, 'b': b, 'y': y, 'z': z}, 2).text)"),
+         "import torch; from course_utils.ch01_autograd import step_view; x, w, b = (torch.tensor([v], requires_grad=True) for v in (2.0, 3.0, 1.0)); y = w * x + b; z = torch.sigmoid(y); print(step_view(z, {'x': x, 'w': w, 'b': b, 'y': y, 'z': z}, 2).text)"),
     ],
     "02_nn_module.ipynb": [
         ("962d3551", [("slider", "depth", "1")],
@@ -216,7 +216,7 @@ WIDGETS = {
     ],
     "04_distributed.ipynb": [
         ("a91a555d", [("checkbox", "shuffle")],
-         PLT + "from course_utils.dist_viz import draw_sampler, EXPLORER_DEFAULTS as d; draw_sampler(d['n'], d['world_size'], d['epoch'], not d['shuffle'], d['drop_last'], d['seed']); plt.show()"),
+         PLT + "from course_utils.ch04_distributed import draw_sampler, EXPLORER_DEFAULTS as d; draw_sampler(d['n'], d['world_size'], d['epoch'], not d['shuffle'], d['drop_last'], d['seed']); plt.show()"),
     ],
     "05_full_pipeline.ipynb": [
         ("b025e670", [("slider", "samples", "100")], "print(padding_report(100, 2))"),

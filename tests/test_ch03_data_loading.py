@@ -1,4 +1,4 @@
-"""Tests for course_utils.loading (chapter 03)."""
+"""Tests for course_utils.ch03_data_loading (chapter 03)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_utils import loading as L
+from course_utils import ch03_data_loading as L
+from course_utils import device as D
 from course_utils.data import image_paths, load_image
 from course_utils.exercises.ch03 import _as_workers
 
@@ -48,10 +49,10 @@ def test_image_dataset_rejects_mismatched_lists():
 
 
 def test_image_dataset_pickles_by_module_name():
-    """What a spawned worker needs: the class can be found by importing course_utils.loading."""
+    """What a spawned worker needs: the class can be found by importing course_utils.ch03_data_loading."""
     paths, labels = image_paths("test")
     data = pickle.dumps(L.ImageDataset(paths[:2], labels[:2]))
-    assert b"course_utils.loading" in data
+    assert b"course_utils.ch03_data_loading" in data
     assert len(pickle.loads(data)) == 2
 
 
@@ -233,9 +234,9 @@ def test_tensor_stats_is_deterministic_text():
 
 
 def test_cpu_cores_and_one_main_thread():
-    assert L.cpu_cores() >= 1
+    assert D.cpu_cores() >= 1
     before = torch.get_num_threads()
-    with L.one_main_thread():
+    with D.one_main_thread():
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
 
@@ -422,15 +423,15 @@ def test_to_tensor_matches_torchvision():
 
 
 def test_cpu_load_line(monkeypatch):
-    monkeypatch.setattr(L.os, "getloadavg", lambda: (0.1, 0.0, 0.0), raising=False)
-    monkeypatch.setattr(L, "cpu_cores", lambda: 2)
-    assert L.cpu_load() == "load average 0.1 on 2 cores"
-    monkeypatch.setattr(L.os, "getloadavg", lambda: (1.9, 0.0, 0.0), raising=False)
-    assert "busy" not in L.cpu_load() and L.load_average() == 1.9  # busy means more than the cores
-    monkeypatch.setattr(L.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
-    assert "busy" in L.cpu_load()
-    assert L.busy_warning(5.0, 2).startswith("WARNING: this machine is busy: load average 5.0 on 2 cores")
-    assert L.busy_warning(2.0, 2) == L.busy_warning(None, 2) == ""
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (0.1, 0.0, 0.0), raising=False)
+    monkeypatch.setattr(D, "cpu_cores", lambda: 2)
+    assert D.cpu_load() == "load average 0.1 on 2 cores"
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (1.9, 0.0, 0.0), raising=False)
+    assert "busy" not in D.cpu_load() and D.load_average() == 1.9  # busy means more than the cores
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
+    assert "busy" in D.cpu_load()
+    assert D.busy_warning(5.0, 2).startswith("WARNING: this machine is busy: load average 5.0 on 2 cores")
+    assert D.busy_warning(2.0, 2) == D.busy_warning(None, 2) == ""
 
 
 def test_plot_throughput_second_curve_without_marks():
@@ -508,7 +509,7 @@ def test_reference_record_round_trip(tmp_path):
     path = tmp_path / "ref.json"
     path.write_text(json.dumps(rec))
     ref = L.load_reference(path)
-    assert ref["machine"]["quiet"] is True and ref["machine"]["cores"] == L.cpu_cores()
+    assert ref["machine"]["quiet"] is True and ref["machine"]["cores"] == D.cpu_cores()
     assert [p["num_workers"] for p in ref["points"]] == [0, 2] and ref["points"][1]["images_per_s"] == 128.0
     assert "a quiet machine" in L.describe_reference(ref)
     assert "BUSY" in L.describe_reference(L.reference_record(runs, {}, 9.0, 9.0, busy=True))

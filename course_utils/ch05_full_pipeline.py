@@ -31,46 +31,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import TensorDataset
 
-__all__ = [
-    "MODELS",
-    "CheckpointError",
-    "EvalResult",
-    "MLP",
-    "MetricsWriter",
-    "ShardSampler",
-    "SmallCNN",
-    "Splits",
-    "TrainConfig",
-    "all_reduce_sums",
-    "atomic_save",
-    "build_model",
-    "build_parser",
-    "compare_lines",
-    "confusion_matrix",
-    "epoch_seed",
-    "evaluate",
-    "format_config",
-    "get_rng_state",
-    "interrupted_save",
-    "load_checkpoint",
-    "load_splits",
-    "local_eval_sums",
-    "max_abs_diff",
-    "padding_report",
-    "parse_config",
-    "read_metrics",
-    "restart_count",
-    "save_checkpoint",
-    "seed_worker",
-    "set_rng_state",
-    "shard_indices",
-    "sync_buffers",
-]
-
+from .dist import shard_indices
+from .models import MODELS
 
 # --------------------------------------------------------------------------------------------
 # Configuration
@@ -176,46 +141,12 @@ def format_config(cfg: TrainConfig, world_size: int | None = None, backend: str 
 # Models
 # --------------------------------------------------------------------------------------------
 
-class MLP(nn.Module):
-    """The source's MLP (section 4.2), made whole: it flattens the image first."""
-
-    def __init__(self, in_dim: int = 784, hidden_dim: int = 256, out_dim: int = 10) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(in_dim, hidden_dim)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(hidden_dim, out_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(x.flatten(1))))
 
 
-class SmallCNN(nn.Module):
-    """Two conv blocks (conv, BatchNorm, ReLU, max-pool) and a linear head: 28x28 -> 10 classes."""
-
-    def __init__(self, channels: int = 16, out_dim: int = 10, dropout: float = 0.25) -> None:
-        super().__init__()
-        c = channels
-
-        def block(cin: int, cout: int) -> nn.Sequential:
-            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
-                                 nn.ReLU(), nn.MaxPool2d(2))
-
-        self.features = nn.Sequential(block(1, c), block(c, 2 * c))
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(2 * c * 7 * 7, out_dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
 
 
-MODELS: dict[str, type[nn.Module]] = {"cnn": SmallCNN, "mlp": MLP}
 
 
-def build_model(name: str) -> nn.Module:
-    """A fresh model by name (``'cnn'`` or ``'mlp'``)."""
-    try:
-        return MODELS[name]()
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,30 +205,8 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
 # Evaluation across ranks
 # --------------------------------------------------------------------------------------------
 
-def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
-    """This rank's share of ``range(n)`` with no padding: every index on exactly one rank."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    return list(range(rank, n, world_size))
 
 
-class ShardSampler(Sampler[int]):
-    """Evaluation sampler: rank r gets indices r, r + W, r + 2W, ... (no shuffling, no padding).
-
-    ``DistributedSampler`` pads the index list so that every rank gets the same number of
-    samples (it repeats the first ones), which is what training needs; counted in a metric, the
-    repeated samples count twice. Shards here may differ in length by one, so evaluate with
-    the plain model (``ddp_model.module``), whose forward pass needs no collective.
-    """
-
-    def __init__(self, n: int, rank: int, world_size: int) -> None:
-        self.indices = shard_indices(n, rank, world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def padding_report(n: int = 359, world_size: int = 2) -> str:
@@ -319,68 +228,14 @@ def padding_report(n: int = 359, world_size: int = 2) -> str:
     return "\n".join(lines)
 
 
-def all_reduce_sums(t: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor of counts over all ranks (in place, and returned); a no-op without a process group."""
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
 
 
-@torch.inference_mode()
-def local_eval_sums(model: nn.Module, loader: DataLoader, device: torch.device, bf16: bool = False) -> torch.Tensor:
-    """``[sum of losses, number correct, number of samples]`` over this rank's loader (float64)."""
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x)
-        loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-        sums += torch.stack([loss.double(), (logits.argmax(1) == y).sum().double(),
-                             torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
-    return sums
 
 
-@dataclass(frozen=True)
-class EvalResult:
-    loss: float
-    correct: int
-    total: int
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.total if self.total else float("nan")
 
 
-def evaluate(model: nn.Module, dataset: TensorDataset, rank: int, world_size: int, device: torch.device,
-             batch_size: int = 256, bf16: bool = False) -> EvalResult:
-    """Evaluate ``model`` on ``dataset``: each rank its own shard, counts all-reduced, each sample once.
-
-    Pass the plain model (``ddp_model.module``), in eval mode, with the same weights and buffers
-    on every rank (see :func:`sync_buffers`). Every rank must call this (it ends in a collective).
-    """
-    # A generator of its own: creating a DataLoader iterator draws a seed from it, and drawing from
-    # the global one would change the training run's random stream (dropout) from then on.
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), rank, world_size),
-                        generator=torch.Generator())
-    was_training = model.training
-    model.eval()
-    sums = all_reduce_sums(local_eval_sums(model, loader, device, bf16))
-    model.train(was_training)
-    loss_sum, correct, total = sums.tolist()
-    return EvalResult(loss_sum / max(total, 1.0), int(correct), int(total))
 
 
-def sync_buffers(model: nn.Module, src: int = 0) -> None:
-    """Copy rank ``src``'s buffers (BatchNorm running statistics) to every rank.
-
-    DDP broadcasts rank 0's buffers at the start of each training forward, but that forward
-    then updates each rank's running statistics with its own batch: after the last step the
-    ranks disagree slightly. Call this before evaluating or saving, so all ranks hold the model
-    that the checkpoint holds.
-    """
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for b in model.buffers():
-            dist.broadcast(b, src)
 
 
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, n_classes: int = 10) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""course_utils.pitfalls: every pitfall really goes wrong, every fix really works, and the
+"""course_utils.ch06_pitfalls: every pitfall really goes wrong, every fix really works, and the
 ledger, summary table and switchboard behave. Fast except the tests marked slow (processes)."""
 
 import os
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import ROOT, pitfalls
+from course_utils import ROOT
+from course_utils import ch06_pitfalls as pitfalls
 
 # --------------------------------------------------------------------------- ledger and table
 
@@ -193,7 +194,7 @@ def test_graph_size_and_saved_bytes_basics():
 
 def test_untrusted_checkpoint_runs_code_only_without_weights_only(tmp_path):
     path, marker = pitfalls.make_untrusted_checkpoint(tmp_path)
-    with pytest.raises(pickle.UnpicklingError, match="GLOBAL course_utils.pitfalls.leave_marker"):
+    with pytest.raises(pickle.UnpicklingError, match="GLOBAL course_utils.ch06_pitfalls.leave_marker"):
         torch.load(path, weights_only=True)
     assert not marker.exists()
     loaded = torch.load(path, weights_only=False)
@@ -350,7 +351,7 @@ def test_ddp_under_detail_debug_still_crashes_on_gloo():
     """PyTorch 2.14.1: building a DDP wrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo dies with
     SIGSEGV, which is why chapter 06 shows DETAIL on collective_mismatch.py instead of the DDP job.
     When an upgrade fixes it, this test fails: then show DETAIL on the DDP job itself."""
-    from course_utils.dist_viz import free_port
+    from course_utils.launch import free_port
 
     code = ("import torch, torch.distributed as dist\n"
             "dist.init_process_group('gloo')\n"
@@ -382,7 +383,7 @@ def test_scripts_are_where_the_notebook_expects_them():
 
 def test_module_import_has_no_side_effects():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    code = "import sys; import course_utils.pitfalls; print('torch.distributed' in sys.modules and " \
+    code = "import sys; import course_utils.ch06_pitfalls; print('torch.distributed' in sys.modules and " \
            "__import__('torch').distributed.is_initialized())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.stdout.strip() == "False", out.stderr
@@ -392,7 +393,7 @@ def test_digits_flat_shapes():
     x, y, xt, yt = pitfalls.digits_flat()
     assert x.shape == (1438, 784) and xt.shape == (359, 784) and y.dtype == torch.int64
     assert np.isclose(float(x.max()), 1.0)
-    assert Path(pitfalls.__file__).name == "pitfalls.py"
+    assert Path(pitfalls.__file__).name == "ch06_pitfalls.py"
 
 
 def test_helpers_leave_the_learners_random_stream_alone():

@@ -29,9 +29,7 @@ Contents:
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import random
 import time
 from collections import Counter
@@ -55,60 +53,7 @@ from torch.utils.data import (
 )
 
 from .data import load_image
-
-__all__ = [
-    "BATCH_BROWSER_DEFAULTS",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "REFERENCE_PATH",
-    "SAMPLERS",
-    "BatchView",
-    "DigitRecords",
-    "ImageDataset",
-    "LengthBucketBatchSampler",
-    "LoaderRun",
-    "NaiveDigitsStream",
-    "PaddedBatch",
-    "ShardedDigitsStream",
-    "Span",
-    "SteadyRun",
-    "SyntheticImages",
-    "TinyNet",
-    "ToySequences",
-    "WithIndex",
-    "WorkerState",
-    "batch_browser",
-    "batch_view",
-    "busy_warning",
-    "class_balanced_weights",
-    "cpu_cores",
-    "cpu_load",
-    "curve_summary",
-    "delivery_counts",
-    "describe_reference",
-    "draw_batch_view",
-    "format_runs",
-    "format_seconds",
-    "format_steady",
-    "load_average",
-    "load_reference",
-    "measure_steady",
-    "measure_throughput",
-    "one_main_thread",
-    "open_per_worker",
-    "pad_collate",
-    "plot_curves",
-    "plot_throughput",
-    "reference_record",
-    "reseed_rng",
-    "split_span",
-    "tensor_stats",
-    "to_tensor",
-    "training_seconds",
-    "worker_kwargs",
-    "write_digit_records",
-    "write_digits_csv",
-]
+from .device import busy_warning, cpu_cores, one_main_thread
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -274,71 +219,14 @@ def split_span(worker_id: int) -> None:
     span.end = min(span.start + per_worker, span.end)
 
 
-def load_average() -> float | None:
-    """The 1-minute load average, or None where the OS has none.
-
-    It counts the processes running or waiting to run (on Linux also those waiting for the disk,
-    state D), averaged over the last minute.
-    """
-    try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return None
 
 
-def busy_warning(load: float | None, cores: int) -> str:
-    """A warning when the machine is busy (load average above the core count), else "".
-
-    On Linux the load also counts processes waiting for the disk, so a high load is usually, not
-    always, competition for the CPU.
-    """
-    if load is None or load <= cores:
-        return ""
-    return (f"WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs "
-            "compete for the CPU (or, on Linux, the disk), so these numbers measure that competition as much "
-            "as the loader "
-            "(more worker processes simply win a larger share of the CPU). Measure again when the "
-            "machine is idle before drawing conclusions.")
 
 
-def cpu_load() -> str:
-    """The 1-minute load average against the core count, as one line ("" where the OS has no load average).
-
-    A load above the core count means other programs compete with the loader, usually for the CPU
-    (on Linux the load also counts processes waiting for the disk): then more worker processes win
-    a larger share of the CPU, and a throughput curve says more about the neighbours than about the
-    loader.
-    """
-    load = load_average()
-    if load is None:
-        return ""
-    cores = cpu_cores()
-    busy = " (busy: load above the core count, numbers are not an idle machine's)" if load > cores else ""
-    return f"load average {load:.1f} on {cores} cores{busy}"
 
 
-def cpu_cores() -> int:
-    """The number of CPU cores this process may run on (what the loader curve is compared with)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no sched_getaffinity
-        return os.cpu_count() or 1
 
 
-@contextlib.contextmanager
-def one_main_thread() -> Iterator[None]:
-    """Run the block with one intra-op thread in this process, then restore the setting.
-
-    Workers run with one thread (DataLoader sets it); measuring the main process with one too
-    keeps a loader comparison about processes, not about the main process's thread pool (whose
-    threads wait for a core, and slow every batch down, on a busy machine).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- map-style datasets
@@ -1172,7 +1060,7 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int], classes: Sequence
     """An ipywidgets browser over :func:`batch_view`: batch size, shuffle, seed, sampler, epoch, batch."""
     import ipywidgets as w
 
-    from . import show_figure
+    from .figures import show_figure
 
     d = BATCH_BROWSER_DEFAULTS
     n = len(labels)

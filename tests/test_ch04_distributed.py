@@ -1,4 +1,4 @@
-"""course_utils.dist_viz: the DistributedSampler re-implementation against the real one, the
+"""course_utils.ch04_distributed: the DistributedSampler re-implementation against the real one, the
 pictures, the explorer, and the bounded spawn."""
 
 import itertools
@@ -10,20 +10,19 @@ import matplotlib
 import pytest
 from torch.utils.data import DistributedSampler
 
-from course_utils.dist_viz import (
+from course_utils.ch04_distributed import (
     COLLECTIVES,
     EXPLORER_DEFAULTS,
     draw_collectives,
     draw_sampler,
     draw_sampler_epochs,
     draw_shards,
-    free_port,
     load_rank_records,
     sampler_explorer,
-    sampler_indices,
     sampler_view,
-    spawn_bounded,
 )
+from course_utils.data import sampler_indices
+from course_utils.launch import free_port, spawn_bounded
 
 matplotlib.use("Agg")
 
@@ -183,7 +182,7 @@ def test_spawn_bounded_runs_and_joins(tmp_path):
 
 @pytest.mark.slow
 def test_spawn_bounded_reports_a_failing_child():
-    from course_utils.dist_viz import SpawnFailed
+    from course_utils.launch import SpawnFailed
 
     with pytest.raises(SpawnFailed, match="2 of 2 child processes exited with code 3") as info:
         spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
@@ -193,7 +192,7 @@ def test_spawn_bounded_reports_a_failing_child():
 @pytest.mark.slow
 def test_spawn_bounded_stops_children_at_the_deadline():
     t0 = time.monotonic()
-    from course_utils.dist_viz import SpawnFailed
+    from course_utils.launch import SpawnFailed
 
     with pytest.raises(SpawnFailed, match="did not finish"):
         spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")

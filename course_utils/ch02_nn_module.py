@@ -28,41 +28,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "ACTIVATIONS",
-    "BUILDER_DEFAULTS",
-    "INIT_SCHEMES",
-    "NORMS",
-    "ActivationRecorder",
-    "BuilderResult",
-    "LayerStats",
-    "MiniLinear",
-    "MiniModule",
-    "MiniReLU",
-    "SummaryRow",
-    "activation_scale_vs_depth",
-    "activation_stats",
-    "build_mlp",
-    "conv2d_params",
-    "count_parameters",
-    "format_builder",
-    "format_stats",
-    "format_summary",
-    "hook_count",
-    "init_depth_results",
-    "init_linear_",
-    "linear_params",
-    "mlp_param_formula",
-    "model_builder",
-    "model_builder_widget",
-    "plot_activation_stats",
-    "plot_init_vs_depth",
-    "show_model_builder",
-    "summarize",
-    "summary",
-]
-
-
 # --------------------------------------------------------------------------- counting
 
 
@@ -759,7 +724,7 @@ def show_model_builder(depth: int = BUILDER_DEFAULTS["depth"], width: int = BUIL
     result = model_builder(depth, width, activation, dropout, norm, x=x)
     print(format_builder(result))
     if plot:
-        from . import show_figure
+        from .figures import show_figure
 
         show_figure(plot_activation_stats(result.stats, title=f"{depth} hidden layers of {width}, {activation}, "
                                                               f"dropout {dropout:.2f}, norm: {norm}"))

@@ -1,4 +1,4 @@
-"""course_utils.pipeline and chapter 05's training script: configuration, models, evaluation across
+"""course_utils.ch05_full_pipeline and chapter 05's training script: configuration, models, evaluation across
 ranks, atomic checkpoints, exact resume, and (slow) the elastic restart with real processes."""
 
 from __future__ import annotations
@@ -15,25 +15,18 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_utils import ROOT
-from course_utils.pipeline import (
-    MLP,
+from course_utils.ch05_full_pipeline import (
     CheckpointError,
     MetricsWriter,
-    ShardSampler,
-    SmallCNN,
     TrainConfig,
-    all_reduce_sums,
     atomic_save,
-    build_model,
     compare_lines,
     confusion_matrix,
-    evaluate,
     format_config,
     get_rng_state,
     interrupted_save,
     load_checkpoint,
     load_splits,
-    local_eval_sums,
     max_abs_diff,
     padding_report,
     parse_config,
@@ -41,8 +34,15 @@ from course_utils.pipeline import (
     save_checkpoint,
     seed_worker,
     set_rng_state,
+)
+from course_utils.dist import (
+    ShardSampler,
+    all_reduce_sums,
+    evaluate,
+    local_eval_sums,
     shard_indices,
 )
+from course_utils.models import MLP, SmallCNN, build_model
 
 SCRIPT = ROOT / "notebooks" / "scripts" / "train.py"
 

@@ -1,6 +1,7 @@
 """Pictures and small tools for chapter 04 (torch.distributed).
 
-    from course_utils.dist_viz import sampler_indices, draw_sampler, sampler_explorer
+    from course_utils.data import sampler_indices
+    from course_utils.ch04_distributed import draw_sampler, sampler_explorer
     sampler_indices(10, world_size=3, epoch=1)       # what DistributedSampler gives every rank
     draw_sampler(10, world_size=3, epoch=1)           # the same, drawn (the explorer's static view)
     draw_collectives(records)                         # before/after per rank, from collectives.py
@@ -16,34 +17,11 @@ are imported by the functions that need them).
 from __future__ import annotations
 
 import json
-import math
-import socket
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .procs import child_stderr, error_lines
-
-__all__ = [
-    "COLLECTIVES",
-    "EXPLORER_DEFAULTS",
-    "RANK_COLORS",
-    "SamplerView",
-    "draw_collectives",
-    "draw_sampler",
-    "draw_sampler_epochs",
-    "draw_shards",
-    "free_port",
-    "load_rank_records",
-    "sampler_explorer",
-    "sampler_indices",
-    "sampler_view",
-    "SpawnFailed",
-    "spawn_bounded",
-]
+from .data import _check_sampler_args, _order
 
 #: One colour per rank (matplotlib's tab10), used by every picture of the chapter.
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -58,42 +36,10 @@ EXPLORER_DEFAULTS = {"n": 10, "world_size": 3, "epoch": 0, "shuffle": True, "dro
 # --------------------------------------------------------------------------------------------
 
 
-def _check_sampler_args(n: int, world_size: int, epoch: int) -> None:
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"the data set needs at least one item, got n={n!r}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size!r}")
-    if not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch must be 0 or more, got {epoch!r}")
 
 
-def _order(n: int, world_size: int, epoch: int, shuffle: bool, seed: int, drop_last: bool) -> tuple[list[int], int]:
-    """The epoch's full index list after padding or dropping, and how many entries are padding."""
-    if shuffle:
-        g = torch.Generator()
-        g.manual_seed(seed + epoch)  # what set_epoch changes: without it, epoch stays 0
-        order = torch.randperm(n, generator=g).tolist()
-    else:
-        order = list(range(n))
-    if drop_last and n % world_size:
-        per_rank = math.ceil((n - world_size) / world_size)
-    else:
-        per_rank = math.ceil(n / world_size)
-    total = per_rank * world_size
-    if total >= n:  # pad by repeating the start of the order (wrapping round if it is short)
-        pad = total - n
-        order = order + (order * math.ceil(pad / n))[:pad] if pad else order
-        return order, pad
-    return order[:total], 0
 
 
-def sampler_indices(n: int, world_size: int, epoch: int = 0, shuffle: bool = True, seed: int = 0,
-                    drop_last: bool = False) -> list[list[int]]:
-    """The indices ``DistributedSampler(dataset_of_n, world_size, rank, shuffle, seed, drop_last)``
-    yields on every rank after ``set_epoch(epoch)``: ``result[rank]`` is rank's list, in order."""
-    _check_sampler_args(n, world_size, epoch)
-    order, _ = _order(n, world_size, epoch, shuffle, seed, drop_last)
-    return [order[r::world_size] for r in range(world_size)]
 
 
 class SamplerView:
@@ -214,7 +160,7 @@ def sampler_explorer() -> Any:
     view of :func:`draw_sampler`, redrawn on every change (ipywidgets)."""
     import ipywidgets as w
 
-    from . import show_figure
+    from .figures import show_figure
 
     d = EXPLORER_DEFAULTS
     n = w.IntSlider(value=d["n"], min=1, max=20, description="items", continuous_update=False)
@@ -357,60 +303,7 @@ def load_rank_records(folder: str | Path, stem: str) -> list[dict]:
     return records
 
 
-def free_port() -> int:
-    """A TCP port that is free right now on this machine (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
-class SpawnFailed(RuntimeError):
-    """Child processes of :func:`spawn_bounded` failed (``exit_code``, ``children_stderr``) or
-    outlived their time limit (``exit_code`` None)."""
-
-    def __init__(self, msg: str, exit_code: int | None = None, children_stderr: str = "") -> None:
-        super().__init__(msg)
-        self.exit_code = exit_code
-        self.children_stderr = children_stderr
 
 
-def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0,
-                  start_method: str = "spawn") -> int:
-    """``torch.multiprocessing.spawn(fn, args, nprocs)`` that cannot hang a notebook, and whose
-    outcome does not depend on which child was faster. Returns the number of processes started.
-
-    Every child is waited for (not only the first to fail) until `timeout` seconds; those still
-    running then are stopped and :class:`SpawnFailed` is raised. A failing child raises
-    :class:`SpawnFailed` naming the children's own error line; their full stderr (captured, not
-    interleaved in the notebook) is in its ``children_stderr``.
-
-    `start_method` "spawn" is ``mp.spawn`` itself (fresh interpreters); "fork" copies the
-    parent instead (Linux and macOS only: faster, but unsafe after the parent ran torch work)."""
-    import torch.multiprocessing as mp
-
-    with child_stderr() as err:
-        context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout
-        for p in context.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-        late = [p for p in context.processes if p.is_alive()]
-        for p in late:
-            p.terminate()
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    if late:
-        raise SpawnFailed(
-            f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
-            "A process waiting forever (in init_process_group, a collective, ...) usually means "
-            "that another one never joined.", None, err.text)
-    codes = [p.exitcode for p in context.processes if p.exitcode != 0]
-    if codes:
-        causes = error_lines(err.text)
-        code = max(set(codes), key=codes.count)
-        raise SpawnFailed(
-            f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
-            f"{getattr(fn, '__name__', fn)!s}. The children's error: {causes[-1] if causes else '(no error message)'}",
-            code, err.text)
-    return len(context.processes)

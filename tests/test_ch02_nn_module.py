@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.modules (chapter 02) and the chapter's exercises."""
+"""Unit tests for course_utils.ch02_nn_module (chapter 02) and the chapter's exercises."""
 
 import warnings
 from collections import OrderedDict
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import modules as cm
+from course_utils import ch02_nn_module as cm
 from course_utils.exercises import ch02
 
 matplotlib.use("Agg")

@@ -1,8 +1,8 @@
 """Execute notebooks in a fresh kernel (refreshing their stored outputs) and time them.
 
-    python -m course_utils.notebook execute notebooks/01_autograd.ipynb ...
-    python -m course_utils.notebook bench [--runs 3] [notebooks ...]
-    python -m course_utils.notebook stress [--runs 3] [notebooks ...]
+    python -m tools.notebook execute notebooks/01_autograd.ipynb ...
+    python -m tools.notebook bench [--runs 3] [notebooks ...]
+    python -m tools.notebook stress [--runs 3] [notebooks ...]
 
 `execute` writes the notebook back with clean metadata: kernel ``python3``, no
 widget state, execution counts 1..N, and every machine path in the outputs made
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import ROOT
+from course_utils import ROOT
 
 NOTEBOOKS = ROOT / "notebooks"
 KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -188,7 +188,7 @@ def stress(paths: list[Path], runs: int = 3, log_dir: Path | None = None) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.notebook")
+    parser = argparse.ArgumentParser(prog="python -m tools.notebook")
     sub = parser.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("execute", help="re-run notebooks in place in a fresh kernel")
     e.add_argument("notebooks", nargs="*")

@@ -62,7 +62,7 @@ def gallery_widget():
     """Sliders for split, class, count and seed over :func:`show`, starting at :data:`GALLERY_DEFAULTS`."""
     import ipywidgets as w
 
-    from . import show_figure
+    from .figures import show_figure
 
     def update(split, label, n, seed):
         show_figure(show(split, None if label < 0 else label, n, seed))

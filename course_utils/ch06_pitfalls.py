@@ -32,52 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
-from .dist_viz import SpawnFailed, spawn_bounded  # noqa: F401 (part of this chapter's API)
-from .pipeline import MLP  # the source chapter's MLP (4.2), every layer declared in __init__
-
-__all__ = [
-    "SWITCHES",
-    "AugmentDataset",
-    "LayerInForwardMLP",
-    "MLP",
-    "PitfallLedger",
-    "PitfallResult",
-    "SpawnFailed",
-    "SummaryTable",
-    "SwitchNet",
-    "SwitchboardRun",
-    "accumulation_equivalence",
-    "checked_spawn",
-    "digits_flat",
-    "device_mismatch",
-    "eval_mode_effects",
-    "grad_norms",
-    "graph_size",
-    "inplace_breaks_autograd",
-    "layer_in_forward",
-    "loader_worker_init",
-    "loss_sum_keeps_graph",
-    "make_untrusted_checkpoint",
-    "no_sync_allreduce_calls",
-    "overlap",
-    "same_position",
-    "sampler_figure",
-    "sampler_orders",
-    "saved_tensor_bytes",
-    "second_derivative",
-    "single_process_group",
-    "spawn_bounded",
-    "summary_table",
-    "switchboard_figure",
-    "switchboard_run",
-    "switchboard_overview",
-    "switchboard_summary",
-    "switchboard_widget",
-    "touch_worker",
-    "train_briefly",
-    "worker_draws",
-]
-
+from .launch import SpawnFailed, spawn_bounded  # noqa: F401 (part of this chapter's API)
+from .models import MLP  # the source chapter's MLP (4.2), every layer declared in __init__
 
 # ---------------------------------------------------------------------------------------------
 # The record of one pitfall's check, and the summary table built from the records
@@ -1078,7 +1034,7 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
     import ipywidgets as widgets
     from IPython.display import display
 
-    from . import show_figure
+    from .figures import show_figure
 
     boxes = {k: widgets.Checkbox(value=k in default, description=v, indent=False,
                                  layout=widgets.Layout(width="auto")) for k, v in SWITCHES.items()}

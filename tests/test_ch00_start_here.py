@@ -6,7 +6,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from course_utils import gallery
+from course_utils import ch00_start_here as gallery
 
 matplotlib.use("Agg")  # the widget calls plt.show(): never open a window
 
