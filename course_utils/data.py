@@ -28,6 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import (
+    get_worker_info,
+)
 
 from . import ROOT
 
@@ -254,3 +257,18 @@ def sampler_indices(n: int, world_size: int, epoch: int = 0, shuffle: bool = Tru
     _check_sampler_args(n, world_size, epoch)
     order, _ = _order(n, world_size, epoch, shuffle, seed, drop_last)
     return [order[r::world_size] for r in range(world_size)]
+
+
+def reseed_rng(worker_id: int) -> None:
+    """``worker_init_fn``: give the dataset's own NumPy Generator (``dataset.rng``) this worker's seed.
+
+    PyTorch seeds torch, ``random`` and NumPy's global generator in every worker, but it cannot
+    know about a generator object the dataset made in ``__init__``: each worker starts with a copy
+    of it in the same state, so every worker would draw the same "random" numbers.
+    ``get_worker_info().seed`` differs per worker, and per epoch when the workers are not persistent
+    (with ``persistent_workers=True`` each worker is seeded, and runs this function, once; its
+    generators then carry on from one epoch to the next).
+    """
+    info = get_worker_info()
+    if info is not None and hasattr(info.dataset, "rng"):
+        info.dataset.rng = np.random.default_rng(info.seed)

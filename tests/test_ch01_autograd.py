@@ -14,6 +14,7 @@ import torch
 
 from course_utils import ch01_autograd as A
 from course_utils import ch01_autograd as G
+from course_utils import memory as MEM
 from course_utils.exercises import ch01
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -457,7 +458,7 @@ def mlp():
 
 def test_saved_bytes_in_each_mode(mlp):
     x, w1, w2 = mlp
-    with A.count_saved_tensors() as normal:
+    with MEM.count_saved_tensors() as normal:
         out = two_layers(x, w1, w2)
     assert out.requires_grad
     # x (for dL/dw1), relu's output (saved twice: by relu and by the second matmul), w2, the matmul output
@@ -466,10 +467,10 @@ def test_saved_bytes_in_each_mode(mlp):
     # without `held`, nothing is known to live anyway: every saved byte counts as extra
     assert (normal.held_bytes, normal.extra_bytes) == (0, normal.bytes)
     for ctx in (torch.no_grad, torch.inference_mode):
-        with A.count_saved_tensors() as log, ctx():
+        with MEM.count_saved_tensors() as log, ctx():
             out = two_layers(x, w1, w2)
         assert (log.count, log.bytes) == (0, 0) and not out.requires_grad
-    with A.count_saved_tensors() as frozen:
+    with MEM.count_saved_tensors() as frozen:
         two_layers(x, w1, w2, detach_first=True)
     assert frozen.bytes == 4 * (64 * 256 + 64 * 10)
 
@@ -477,9 +478,9 @@ def test_saved_bytes_in_each_mode(mlp):
 def test_held_tensors_are_split_from_activations(mlp):
     """x and w2 are saved by reference and live anyway; only h and the output cost extra memory."""
     x, w1, w2 = mlp
-    with A.count_saved_tensors(held=(x, w1, w2)) as normal:
+    with MEM.count_saved_tensors(held=(x, w1, w2)) as normal:
         two_layers(x, w1, w2)
-    with A.count_saved_tensors(held=(x, w1, w2)) as frozen:
+    with MEM.count_saved_tensors(held=(x, w1, w2)) as frozen:
         two_layers(x, w1, w2, detach_first=True)  # w1.detach() shares w1's memory
     assert normal.held_bytes == 4 * (64 * 784 + 256 * 10)
     assert sorted(normal.held_shapes) == [(64, 784), (256, 10)]
@@ -488,7 +489,7 @@ def test_held_tensors_are_split_from_activations(mlp):
     assert frozen.held_bytes == 0
     assert normal.extra_bytes == frozen.extra_bytes == 4 * (64 * 256 + 64 * 10)
     # a view or a detach() of a held tensor counts as held too
-    with A.count_saved_tensors(held=(x,)) as log:
+    with MEM.count_saved_tensors(held=(x,)) as log:
         (x.t().contiguous().t() @ w1).sum()  # a copy: not held
         (x[:10] @ w1).sum()                  # a view of x: held
     assert log.held_shapes == [(10, 784)]
@@ -505,7 +506,7 @@ def test_freezing_the_first_layers_saves_activations():
         return ((h2 @ w3) ** 2).mean()
 
     def extra(*weights):
-        with A.count_saved_tensors(held=(x, *ws)) as log:
+        with MEM.count_saved_tensors(held=(x, *ws)) as log:
             three_layers(*weights)
         return log.extra_bytes
 
@@ -518,9 +519,9 @@ def test_freezing_the_first_layers_saves_activations():
 
 
 def test_format_bytes():
-    assert A.format_bytes(512) == "512 B"
-    assert A.format_bytes(279_040) == "272.5 KiB"
-    assert A.format_bytes(3 * 1024**3) == "3.0 GiB"
+    assert MEM.format_bytes(512) == "512 B"
+    assert MEM.format_bytes(279_040) == "272.5 KiB"
+    assert MEM.format_bytes(3 * 1024**3) == "3.0 GiB"
 
 
 def test_fx_code_and_ops_from_a_traced_function():

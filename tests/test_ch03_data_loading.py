@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import ch03_data_loading as L
+from course_utils import data as DATA
 from course_utils import device as D
 from course_utils.data import image_paths, load_image
 from course_utils.exercises.ch03 import _as_workers
@@ -266,7 +267,7 @@ def test_worker_state_and_reseed_rng():
     assert (w0[1], w1[1]) == (0, 1) and w1[3] == w0[3] + 1  # torch seed = base seed + worker id
     assert len({r[4] for r in plain}) == len({r[5] for r in plain}) == len({r[6] for r in plain}) == 8
     assert w0[7] == w1[7] and plain[0][7] == plain[4][7]  # the dataset's own Generator: copied, same draws
-    reseeded = rows(L.reseed_rng)
+    reseeded = rows(DATA.reseed_rng)
     assert len({r[7] for r in reseeded}) == 8
     assert [r[4] for r in reseeded] == [r[4] for r in plain]  # nothing else changed
 
@@ -284,7 +285,7 @@ def test_persistent_workers_are_seeded_once():
     assert [r[3] for r in kept[:4]] == [r[3] for r in kept[4:]]  # persistent workers: seeded once
     assert len({r[4] for r in kept}) == len({r[6] for r in kept}) == 8  # ...but their draws carry on
     assert kept[0][7] == kept[1][7] and kept[0][7] != kept[4][7]  # self.rng: same in both workers, not repeated
-    reseeded = rows(L.reseed_rng, True)
+    reseeded = rows(DATA.reseed_rng, True)
     assert len({r[7] for r in reseeded}) == 8  # worker_init_fn ran once per worker, and still fixes it
 
 
