@@ -1,4 +1,5 @@
-"""The course's image data: handwritten digits as 28x28 PNG files in an ImageFolder layout.
+"""The course's data: handwritten digits as 28x28 PNG files in an ImageFolder layout, and what every
+chapter that loads them shares (what ``DistributedSampler`` gives each rank, a worker's own seed).
 
 Source: the 1,797 8x8 scans of handwritten digits that scikit-learn ships inside
 its wheel (`sklearn.datasets.load_digits`, from the UCI "Optical Recognition of
@@ -28,9 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import (
-    get_worker_info,
-)
+from torch.utils.data import get_worker_info
 
 from . import ROOT
 
@@ -195,32 +194,6 @@ def digits_dataset(split: str = "train") -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(*digits_tensors(split))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.data", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="write data/digits/ and its manifest")
-    b.add_argument("--out", default=str(DIGITS))
-    v = sub.add_parser("verify", help="check the files against the manifest")
-    v.add_argument("--root", default=str(DIGITS))
-    args = parser.parse_args(argv)
-    if args.cmd == "build":
-        m = build(args.out)
-        print(f"wrote {m['counts']['train']} train and {m['counts']['test']} test images to {args.out}")
-        return 0
-    problems = verify(args.root)
-    for p in problems[:20]:
-        print(p)
-    if problems:
-        print(f"{len(problems)} problem(s); rebuild with `python -m course_utils.data build`")
-        return 1
-    print("data OK")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _check_sampler_args(n: int, world_size: int, epoch: int) -> None:
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"the data set needs at least one item, got n={n!r}")
@@ -262,13 +235,36 @@ def sampler_indices(n: int, world_size: int, epoch: int = 0, shuffle: bool = Tru
 def reseed_rng(worker_id: int) -> None:
     """``worker_init_fn``: give the dataset's own NumPy Generator (``dataset.rng``) this worker's seed.
 
-    PyTorch seeds torch, ``random`` and NumPy's global generator in every worker, but it cannot
-    know about a generator object the dataset made in ``__init__``: each worker starts with a copy
-    of it in the same state, so every worker would draw the same "random" numbers.
-    ``get_worker_info().seed`` differs per worker, and per epoch when the workers are not persistent
-    (with ``persistent_workers=True`` each worker is seeded, and runs this function, once; its
-    generators then carry on from one epoch to the next).
+    DataLoader seeds torch, ``random`` and NumPy's global generator in every worker, but not a generator
+    object the dataset holds: each worker's copy would draw the same numbers. ``get_worker_info().seed``
+    differs per worker (and per epoch unless the workers are persistent).
     """
     info = get_worker_info()
     if info is not None and hasattr(info.dataset, "rng"):
         info.dataset.rng = np.random.default_rng(info.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_utils.data", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="write data/digits/ and its manifest")
+    b.add_argument("--out", default=str(DIGITS))
+    v = sub.add_parser("verify", help="check the files against the manifest")
+    v.add_argument("--root", default=str(DIGITS))
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        m = build(args.out)
+        print(f"wrote {m['counts']['train']} train and {m['counts']['test']} test images to {args.out}")
+        return 0
+    problems = verify(args.root)
+    for p in problems[:20]:
+        print(p)
+    if problems:
+        print(f"{len(problems)} problem(s); rebuild with `python -m course_utils.data build`")
+        return 1
+    print("data OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Pick the compute device and seed every random number generator in one call."""
+"""The machine: the compute device, seeding every generator, the CPU cores and how busy they are."""
 
 from __future__ import annotations
 
@@ -15,12 +15,8 @@ _VALID = ("cpu", "cuda", "mps")
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """Return CUDA if there is a GPU, else Apple's MPS, else the CPU.
-
-    `prefer` (or the environment variable ``COURSE_DEVICE``) forces a choice,
-    e.g. ``COURSE_DEVICE=cpu`` on a GPU machine. Asking for a device that is not
-    there raises a ``RuntimeError`` that says so, rather than failing later.
-    """
+    """CUDA if there is a GPU, else Apple's MPS, else the CPU; `prefer` or ``COURSE_DEVICE`` forces one
+    (a device that is not there is refused now, rather than failing later)."""
     choice = (prefer or os.environ.get(ENV_VAR, "")).strip().lower()
     if choice:
         kind = choice.split(":")[0]
@@ -71,40 +67,34 @@ def describe(device: torch.device | None = None) -> str:
 
 
 def load_average() -> float | None:
-    """The 1-minute load average, or None where the OS has none.
-
-    It counts the processes running or waiting to run (on Linux also those waiting for the disk,
-    state D), averaged over the last minute.
-    """
+    """The 1-minute load average (processes running or waiting to run), or None where the OS has none."""
     try:
         return float(os.getloadavg()[0])
     except (AttributeError, OSError):
         return None
 
 
-def busy_warning(load: float | None, cores: int) -> str:
-    """A warning when the machine is busy (load average above the core count), else "".
+def cpu_cores() -> int:
+    """The number of CPU cores this process may run on (the one core count of the course)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
 
-    On Linux the load also counts processes waiting for the disk, so a high load is usually, not
-    always, competition for the CPU.
-    """
+
+def busy_warning(load: float | None, cores: int) -> str:
+    """A warning when the load average is above the core count (on Linux the load also counts
+    processes waiting for the disk), else ""."""
     if load is None or load <= cores:
         return ""
     return (f"WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs "
             "compete for the CPU (or, on Linux, the disk), so these numbers measure that competition as much "
-            "as the loader "
-            "(more worker processes simply win a larger share of the CPU). Measure again when the "
+            "as the loader (more worker processes simply win a larger share of the CPU). Measure again when the "
             "machine is idle before drawing conclusions.")
 
 
 def cpu_load() -> str:
-    """The 1-minute load average against the core count, as one line ("" where the OS has no load average).
-
-    A load above the core count means other programs compete with the loader, usually for the CPU
-    (on Linux the load also counts processes waiting for the disk): then more worker processes win
-    a larger share of the CPU, and a throughput curve says more about the neighbours than about the
-    loader.
-    """
+    """The load average against the core count, as one line to print beside a timing ("" without one)."""
     load = load_average()
     if load is None:
         return ""
@@ -113,22 +103,9 @@ def cpu_load() -> str:
     return f"load average {load:.1f} on {cores} cores{busy}"
 
 
-def cpu_cores() -> int:
-    """The number of CPU cores this process may run on (what the loader curve is compared with)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no sched_getaffinity
-        return os.cpu_count() or 1
-
-
 @contextlib.contextmanager
 def one_main_thread() -> Iterator[None]:
-    """Run the block with one intra-op thread in this process, then restore the setting.
-
-    Workers run with one thread (DataLoader sets it); measuring the main process with one too
-    keeps a loader comparison about processes, not about the main process's thread pool (whose
-    threads wait for a core, and slow every batch down, on a busy machine).
-    """
+    """Run the block with one intra-op thread in this process (as DataLoader workers have), then restore."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

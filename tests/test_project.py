@@ -22,6 +22,22 @@ sys.path.insert(0, str(ROOT))
 import tasks  # noqa: E402
 
 
+def test_layout_one_module_per_chapter_and_the_map_is_complete():
+    """course_utils has one module per notebook, named after it (chNN_topic.py for NN_topic.ipynb), each with
+    its test file; every other module is a shared one listed in CONTRIBUTING.md's map, and nothing else is."""
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    modules = sorted(p.stem for p in (ROOT / "course_utils").glob("*.py") if not p.stem.startswith("__"))
+    chapters = [m for m in modules if re.fullmatch(r"ch\d\d_\w+", m)]
+    assert chapters == [f"ch{nb}" for nb in notebooks]
+    missing_tests = [m for m in chapters if not (ROOT / "tests" / f"test_{m}.py").exists()]
+    assert not missing_tests, f"chapter modules without a test file: {missing_tests}"
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    mapped = set(re.findall(r"^\| `([\w/]+)`", contributing, re.MULTILINE))
+    shared = set(modules) - set(chapters)
+    assert shared | {"exercises/"} == mapped - {"ch00_start_here"}, "CONTRIBUTING.md's map and course_utils differ"
+    assert not (ROOT / "course_utils" / "notebook.py").exists(), "authors' tooling lives in tools/, not in the package"
+
+
 def test_requirements_are_all_exact_pins():
     lines = [ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()]
     lines = [ln for ln in lines if ln]
@@ -185,18 +201,18 @@ def _controls(widget):
 def _widgets():
     import torch
 
-    from course_utils import ch00_start_here as gallery
-    from course_utils import ch01_autograd as autograd_tools
-    from course_utils import ch02_nn_module as modules
-    from course_utils import ch03_data_loading as loading
-    from course_utils import ch04_distributed as dist_viz
-    from course_utils import ch06_pitfalls as pitfalls
+    from course_utils import ch00_start_here as ch00
+    from course_utils import ch01_autograd as ch01
+    from course_utils import ch02_nn_module as ch02
+    from course_utils import ch03_data_loading as ch03
+    from course_utils import ch04_distributed as ch04
+    from course_utils import ch06_pitfalls as ch06
 
     images, labels = torch.rand(40, 1, 28, 28), [i % 10 for i in range(40)]
-    return {"sigmoid_explorer": autograd_tools.sigmoid_explorer, "sampler_explorer": dist_viz.sampler_explorer,
-            "gallery_widget": gallery.gallery_widget, "batch_browser": lambda: loading.batch_browser(images, labels),
-            "model_builder_widget": lambda: modules.model_builder_widget(torch.randn(64, 784)),
-            "switchboard_widget": lambda: pitfalls.switchboard_widget(default=())}
+    return {"sigmoid_explorer": ch01.sigmoid_explorer, "sampler_explorer": ch04.sampler_explorer,
+            "gallery_widget": ch00.gallery_widget, "batch_browser": lambda: ch03.batch_browser(images, labels),
+            "model_builder_widget": lambda: ch02.model_builder_widget(torch.randn(64, 784)),
+            "switchboard_widget": lambda: ch06.switchboard_widget(default=())}
 
 
 @pytest.mark.parametrize("name", ["sigmoid_explorer", "sampler_explorer", "gallery_widget", "batch_browser",
