@@ -1,7 +1,8 @@
 """Helpers for the "PyTorch in depth" course.
 
-Importing this package has no side effects; each concern lives in its own module
-(`device`, `data`, `exercises`, `doctor`, `notebook`, and one module per chapter topic).
+Importing this package has no side effects. One module per chapter, named after its notebook
+(`ch01_autograd`, ...), and shared modules for what several chapters use (`device`, `data`, `models`,
+`memory`, `dist`, `launch`, `figures`); the map is in CONTRIBUTING.md.
 """
 
 from pathlib import Path
