@@ -1,172 +1,72 @@
-"""Look inside ``nn.Module``: counting and summaries, a miniature Module, hooks, initialisation.
-
-Chapter 02 uses this module for
-
-* :func:`summary` (and :func:`summarize`, :func:`format_summary`): a table of layer,
-  output shape and parameter count, made with forward hooks;
-* :class:`MiniModule`, :class:`MiniLinear`, :class:`MiniReLU`: the registration
-  machinery of ``nn.Module`` (``__setattr__`` sorting values into parameters,
-  buffers and sub-modules) re-implemented in a few dozen lines;
-* :class:`ActivationRecorder` and :func:`activation_stats`: forward (and backward)
-  hooks that record per-layer statistics, and remove themselves cleanly;
-* :func:`init_linear_` and :func:`activation_scale_vs_depth`: how initialisation
-  sets the scale of activations through a deep stack;
-* :func:`build_mlp`, :func:`model_builder`, :func:`show_model_builder` and
-  :func:`model_builder_widget`: the interactive model builder (the widget is a thin
-  shell around the plain functions, which the unit tests call).
-
-Importing this module has no side effects (ipywidgets and matplotlib's pyplot are
-imported only by the functions that draw).
-"""
+"""Chapter 02 (nn.Module): a model summary, a miniature Module, hooks, initialisation, the model builder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from functools import partial
+from itertools import pairwise
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-# --------------------------------------------------------------------------- counting
-
-
-def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
-    """Number of scalar parameters of `model` (each shared tensor counted once)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
-
-def linear_params(in_features: int, out_features: int, bias: bool = True) -> int:
-    """Parameters of ``nn.Linear(in_features, out_features)``: a weight matrix plus one bias per output."""
-    return in_features * out_features + (out_features if bias else 0)
-
-
-def conv2d_params(in_channels: int, out_channels: int, kernel_size: int | tuple[int, int],
-                  bias: bool = True, groups: int = 1) -> int:
-    """Parameters of ``nn.Conv2d``: out x (in / groups) x kh x kw weights, plus one bias per output channel."""
-    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-    if in_channels % groups or out_channels % groups:
-        raise ValueError(f"groups={groups} must divide both in_channels={in_channels} and out_channels={out_channels}.")
-    return out_channels * (in_channels // groups) * kh * kw + (out_channels if bias else 0)
-
+from .figures import show_figure
 
 # --------------------------------------------------------------------------- summary
 
 
-@dataclass(frozen=True)
-class SummaryRow:
-    """One line of a model summary: a module that ran, its output shape and its own parameters."""
+def summary(model: nn.Module, example_input: Tensor) -> str:
+    """A table of layer, output shape and own parameters, from one run of `model` with forward hooks.
 
-    name: str
-    kind: str
-    output_shape: tuple[int, ...]
-    params: int
-    trainable: int
-
-
-def _first_tensor(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, list | tuple):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    if isinstance(x, dict):
-        return _first_tensor(list(x.values()))
-    return None
-
-
-def summarize(model: nn.Module, example_input: torch.Tensor | Sequence[torch.Tensor]) -> list[SummaryRow]:
-    """Run `model` once on `example_input` and describe every module that ran and owns weights or has no children.
-
-    The forward pass runs in eval mode under ``torch.no_grad()`` (so BatchNorm's running
-    statistics are not touched and a batch of one is fine); the model's mode is restored.
-    Rows come in the order the modules ran; a module that ran twice is listed once.
+    A row for each module that ran and has no children or owns parameters, in the order they ran.
+    The run is in eval mode without gradients (running statistics untouched); the mode is restored.
     """
-    rows: dict[str, SummaryRow] = {}
-    handles = []
+    names = {
+        m: n
+        for n, m in model.named_modules()
+        if n and (not list(m.children()) or list(m.parameters(recurse=False)))
+    }
+    rows: dict[str, tuple[str, str, str]] = {}
 
-    def make_hook(name: str, module: nn.Module) -> Callable:
-        def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
-            if name in rows:
-                return
-            t = _first_tensor(out)
-            own = list(module.parameters(recurse=False))
-            rows[name] = SummaryRow(
-                name=name,
-                kind=type(module).__name__,
-                output_shape=tuple(t.shape) if t is not None else (),
-                params=sum(p.numel() for p in own),
-                trainable=sum(p.numel() for p in own if p.requires_grad),
-            )
+    def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+        out = output if isinstance(output, Tensor) else output[0]  # RNNs return tuples
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        label = f"{names[module]} ({type(module).__name__})"
+        rows.setdefault(names[module], (label, str(list(out.shape)), f"{own:,}"))
 
-        return hook
-
-    for name, module in model.named_modules():
-        is_leaf = not any(True for _ in module.children())
-        has_own = any(True for _ in module.parameters(recurse=False))
-        if name and (is_leaf or has_own):
-            handles.append(module.register_forward_hook(make_hook(name, module)))
+    handles = [m.register_forward_hook(hook) for m in names]
     was_training = model.training
-    model.eval()
     try:
         with torch.no_grad():
-            if isinstance(example_input, list | tuple):
-                model(*example_input)
-            else:
-                model(example_input)
+            model.eval()(example_input)
     finally:
         for h in handles:
             h.remove()
         model.train(was_training)
-    return list(rows.values())
 
-
-def format_summary(rows: Sequence[SummaryRow], model: nn.Module | None = None) -> str:
-    """Render summary rows as a fixed-width text table, with totals (taken from `model` when given)."""
-    header = ("Layer (type)", "Output shape", "Param #")
-    body = [(f"{r.name} ({r.kind})", str(list(r.output_shape)), f"{r.params:,}") for r in rows]
-    w0 = max(len(header[0]), *(len(b[0]) for b in body)) if body else len(header[0])
-    w1 = max(len(header[1]), *(len(b[1]) for b in body)) if body else len(header[1])
-    w2 = max(len(header[2]), *(len(b[2]) for b in body), 11) if body else 11
-    line = "-" * (w0 + w1 + w2 + 4)
-    out = [line, f"{header[0]:<{w0}}  {header[1]:<{w1}}  {header[2]:>{w2}}", "=" * len(line)]
-    out += [f"{a:<{w0}}  {b:<{w1}}  {c:>{w2}}" for a, b, c in body]
-    out.append("=" * len(line))
-    if model is not None:
-        total = count_parameters(model, trainable_only=False)
-        trainable = count_parameters(model, trainable_only=True)
-    else:
-        total = sum(r.params for r in rows)
-        trainable = sum(r.trainable for r in rows)
-    out.append(f"Total params: {total:,}")
-    out.append(f"Trainable params: {trainable:,}")
-    out.append(f"Non-trainable params: {total - trainable:,}")
-    out.append(line)
-    return "\n".join(out)
-
-
-def summary(model: nn.Module, example_input: torch.Tensor | Sequence[torch.Tensor]) -> str:
-    """A printable table (layer, output shape, parameters) for `model` run on `example_input`."""
-    return format_summary(summarize(model, example_input), model)
+    table = [("Layer (type)", "Output shape", "Param #"), *rows.values()]
+    w0, w1, w2 = (max(len(row[i]) for row in table) for i in range(3))
+    w2 = max(w2, 11)
+    lines = [f"{a:<{w0}}  {b:<{w1}}  {c:>{w2}}" for a, b, c in table]
+    rule = "-" * (w0 + w1 + w2 + 4)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    totals = [
+        f"Total params: {total:,}",
+        f"Trainable params: {trainable:,}",
+        f"Non-trainable params: {total - trainable:,}",
+    ]
+    return "\n".join([rule, lines[0], "=" * len(rule), *lines[1:], "=" * len(rule), *totals, rule])
 
 
 # --------------------------------------------------------------------------- a miniature nn.Module
 
 
 class MiniModule:
-    """The registration machinery of ``nn.Module`` in miniature (for reading, not for training).
+    """``nn.Module``'s registration in miniature (``torch/nn/modules/module.py``), for reading.
 
-    Assigning an attribute goes through :meth:`__setattr__`, which files the value
-    under ``_parameters`` (an ``nn.Parameter``), ``_modules`` (a ``MiniModule``) or
-    ``_buffers`` (an ``nn.Buffer``, or any tensor assigned to a registered buffer's
-    name). Like the real class it refuses (``TypeError``) any other value for a
-    parameter's or child module's name, instead of silently unregistering it, while
-    a value of a registering kind replaces whatever the name held (a Parameter even
-    replaces a sub-module); anything else becomes a plain attribute. Everything else
-    (``parameters()``, ``named_modules()``, ``state_dict()``) just walks those three
-    dictionaries.
+    ``__setattr__`` files each value under ``_parameters``, ``_modules`` or ``_buffers``, with the
+    real class's guards; everything else walks those dictionaries.
     """
 
     def __init__(self) -> None:
@@ -222,8 +122,8 @@ class MiniModule:
                 return values[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
-        """A tensor that belongs to the module's state but is not trained (e.g. running statistics)."""
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        """A tensor of the module's state that is not trained (e.g. running statistics)."""
         self._forget(name)
         self._buffers[name] = tensor
         if not persistent:
@@ -237,38 +137,29 @@ class MiniModule:
         memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
-            if child is None:
-                continue
-            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+            if child is not None:
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
-    def _named(self, store: str) -> Iterator[tuple[str, torch.Tensor]]:
+    def _named(self, store: str) -> Iterator[tuple[str, Tensor]]:
         seen: set[int] = set()
         for mod_name, mod in self.named_modules():
             for name, t in getattr(mod, store).items():
-                if t is None or id(t) in seen:
-                    continue
-                seen.add(id(t))
-                yield (f"{mod_name}.{name}" if mod_name else name), t
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    yield (f"{mod_name}.{name}" if mod_name else name), t
 
-    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """Every parameter with its dotted name, each tensor once."""
-        return self._named("_parameters")  # type: ignore[return-value]
+    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+        return self._named("_parameters")
 
-    def parameters(self) -> Iterator[nn.Parameter]:
-        """Every parameter, each tensor once."""
+    def parameters(self) -> Iterator[Tensor]:
         return (p for _, p in self.named_parameters())
 
-    def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every buffer (persistent or not) with its dotted name."""
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
         return self._named("_buffers")
 
-    def children(self) -> Iterator[MiniModule]:
-        """The direct sub-modules."""
-        return (m for m in self._modules.values() if m is not None)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters and persistent buffers, by dotted name (the tensors themselves, detached)."""
-        out: dict[str, torch.Tensor] = {}
+    def state_dict(self) -> dict[str, Tensor]:
+        """Parameters and persistent buffers by dotted name (the tensors themselves, detached)."""
+        out: dict[str, Tensor] = {}
         for mod_name, mod in self.named_modules():
             dot = f"{mod_name}." if mod_name else ""
             for name, p in mod._parameters.items():
@@ -280,24 +171,15 @@ class MiniModule:
         return out
 
     def train(self, mode: bool = True) -> MiniModule:
-        """Set ``training`` on this module and every sub-module."""
         for _, mod in self.named_modules():
             object.__setattr__(mod, "training", mode)
         return self
 
     def eval(self) -> MiniModule:
-        """Same as ``train(False)``."""
         return self.train(False)
 
-    def forward(self, *args: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must define forward()")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)  # the real one also runs hooks around this call
-
-    def __repr__(self) -> str:
-        inner = "".join(f"\n  ({n}): " + repr(m).replace("\n", "\n  ") for n, m in self._modules.items())
-        return f"{type(self).__name__}({inner}\n)" if inner else f"{type(self).__name__}()"
+    def __call__(self, *args: Any) -> Any:
+        return self.forward(*args)  # the real one also runs the hooks around this call
 
 
 class MiniLinear(MiniModule):
@@ -305,185 +187,66 @@ class MiniLinear(MiniModule):
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
-        ref = nn.Linear(in_features, out_features)  # borrow the real initialisation (same RNG draws)
+        # borrow the real initialisation (the same random draws)
+        ref = nn.Linear(in_features, out_features)
         self.weight = nn.Parameter(ref.weight.detach().clone())
         self.bias = nn.Parameter(ref.bias.detach().clone())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return x @ self.weight.T + self.bias
 
 
 class MiniReLU(MiniModule):
     """ReLU on the miniature base class (no parameters)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return torch.relu(x)
 
 
-# --------------------------------------------------------------------------- hooks
-
-
-@dataclass
-class LayerStats:
-    """Statistics of one module's output (and of the gradient flowing out of it, when recorded)."""
-
-    name: str
-    kind: str
-    mean: float
-    std: float
-    frac_zero: float
-    grad_norm: float | None = None
-
-
-class ActivationRecorder:
-    """Record per-layer output statistics with forward hooks (and gradient norms during backward).
-
-    Use it as a context manager so the hooks are always removed::
-
-        with ActivationRecorder(model, backward=True) as rec:
-            loss = loss_fn(model(x), y)
-            loss.backward()
-        rec.stats  # one LayerStats per hooked module, in the order they ran
-
-    By default every leaf module is hooked except ``nn.Flatten`` and ``nn.Identity``;
-    pass `types` to hook only some kinds (``types=(nn.ReLU,)``). With ``backward=True`` the
-    forward hook also puts a gradient hook on each output tensor, which records the norm of
-    d loss / d output when ``backward()`` runs, for every layer and without a warning (a full
-    backward hook on a first layer whose input needs no gradient warns and gets ``None``).
-    """
-
-    def __init__(self, model: nn.Module, types: tuple[type, ...] | None = None, backward: bool = False) -> None:
-        self.model = model
-        self.types = types
-        self.backward = backward
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._stats: dict[str, LayerStats] = {}
-
-    def _wanted(self, name: str, module: nn.Module) -> bool:
-        if not name:
-            return False
-        if self.types is not None:
-            return isinstance(module, self.types)
-        is_leaf = not any(True for _ in module.children())
-        return is_leaf and not isinstance(module, nn.Flatten | nn.Identity)
-
-    def attach(self) -> ActivationRecorder:
-        """Register the hooks (idempotent)."""
-        if self.handles:
-            return self
-        for name, module in self.model.named_modules():
-            if self._wanted(name, module):
-                self.handles.append(module.register_forward_hook(self._forward_hook(name)))
-        return self
-
-    def _forward_hook(self, name: str) -> Callable:
-        def hook(module: nn.Module, _inp: Any, out: Any) -> None:
-            t = _first_tensor(out)
-            if t is None:
-                return
-            stats = LayerStats(
-                name=name,
-                kind=type(module).__name__,
-                mean=t.detach().float().mean().item(),
-                std=t.detach().float().std().item() if t.numel() > 1 else 0.0,
-                frac_zero=(t.detach() == 0).float().mean().item(),
-            )
-            self._stats[name] = stats
-            if self.backward and t.requires_grad:
-                # A hook on the output tensor sees d loss / d output during backward(), and goes
-                # away with the tensor. A module's full backward hook on a first layer whose input
-                # needs no gradient also fires, but with grad_input all None and a UserWarning, and
-                # it routes the output through an extra autograd Function (no in-place op after it).
-                t.register_hook(self._grad_hook(stats))
-
-        return hook
-
-    @staticmethod
-    def _grad_hook(stats: LayerStats) -> Callable:
-        def hook(grad: torch.Tensor) -> None:
-            stats.grad_norm = grad.detach().float().norm().item()
-
-        return hook
-
-    def remove(self) -> None:
-        """Remove every hook this recorder registered."""
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    @property
-    def stats(self) -> list[LayerStats]:
-        """The latest statistics of every hooked module that ran, in the order they first ran."""
-        return list(self._stats.values())
-
-    def __enter__(self) -> ActivationRecorder:
-        return self.attach()
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-def activation_stats(model: nn.Module, x: torch.Tensor, types: tuple[type, ...] | None = None) -> list[LayerStats]:
-    """Run `model` on `x` once (no gradients, current train/eval mode) and return per-layer statistics."""
-    with ActivationRecorder(model, types=types) as rec, torch.no_grad():
-        model(x)
-    return rec.stats
+# --------------------------------------------------------------------------- hooks and per-layer statistics
+# Statistics are {layer name: {"kind", "mean", "std", "zeros" (a fraction), optionally "grad"}}.
 
 
 def hook_count(model: nn.Module) -> int:
-    """How many forward, forward-pre and backward hooks are attached anywhere in `model`."""
-    total = 0
-    for m in model.modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
-            total += len(getattr(m, attr, {}) or {})
-    return total
+    """How many forward, forward-pre, backward and backward-pre hooks are attached anywhere in `model`."""
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return sum(len(getattr(m, kind)) for m in model.modules() for kind in kinds)
 
 
-def format_stats(stats: Sequence[LayerStats]) -> str:
-    """A fixed-precision text table of per-layer statistics."""
-    if not stats:
-        return "(no layer ran)"
-    w = max(len("layer"), *(len(f"{s.name} ({s.kind})") for s in stats))
-    has_grad = any(s.grad_norm is not None for s in stats)
-    head = f"{'layer':<{w}}  {'mean':>8}  {'std':>8}  {'zeros':>6}" + (f"  {'grad norm':>10}" if has_grad else "")
-    lines = [head]
-    for s in stats:
-        line = f"{s.name + ' (' + s.kind + ')':<{w}}  {s.mean:8.4f}  {s.std:8.4f}  {s.frac_zero:6.1%}"
-        if has_grad:
-            line += f"  {s.grad_norm:10.3e}" if s.grad_norm is not None else f"  {'-':>10}"
-        lines.append(line)
+def format_stats(stats: dict[str, dict[str, Any]]) -> str:
+    """Per-layer statistics as a table (with the gradient norms when every layer has one)."""
+    labels = [f"{name} ({s['kind']})" for name, s in stats.items()]
+    w = max([len("layer"), *map(len, labels)])
+    grad = all("grad" in s for s in stats.values())
+    lines = [f"{'layer':<{w}}  {'mean':>8}  {'std':>8}  {'zeros':>6}" + (f"  {'grad norm':>10}" if grad else "")]
+    for label, s in zip(labels, stats.values(), strict=True):
+        line = f"{label:<{w}}  {s['mean']:8.4f}  {s['std']:8.4f}  {s['zeros']:6.1%}"
+        lines.append(line + (f"  {s['grad']:10.3e}" if grad else ""))
     return "\n".join(lines)
 
 
-def plot_activation_stats(stats: Sequence[LayerStats], title: str = "Activation statistics per layer"):
-    """Bar charts of each layer's output std and fraction of zeros (and gradient norm, when recorded)."""
+def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
+    """Bar charts of each layer's output std and zeros (and gradient norm, when recorded)."""
     import matplotlib.pyplot as plt
-
-    has_grad = any(s.grad_norm is not None for s in stats)
-    ncols = 3 if has_grad else 2
-    fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 3.6))
-    labels = [f"{s.name}\n{s.kind}" for s in stats]
-    pos = range(len(stats))
-    colors = ["#3465a4" if s.kind in ("Linear", "Conv2d", "MiniLinear") else "#73a946" for s in stats]
-    axes[0].bar(pos, [s.std for s in stats], color=colors)
-    axes[0].set_ylabel("std of the layer's output")
-    axes[0].set_title("spread")
     from matplotlib.patches import Patch
 
-    axes[0].legend(handles=[Patch(color="#3465a4", label="Linear or Conv2d"),
-                            Patch(color="#73a946", label="activation, norm, dropout")], fontsize=7)
-    axes[1].bar(pos, [100 * s.frac_zero for s in stats], color=colors)
-    axes[1].set_ylabel("outputs exactly 0 (%)")
+    panels = [
+        ("std", 1, "std of the layer's output", "spread"),
+        ("zeros", 100, "outputs exactly 0 (%)", "zeros (ReLU, dropout)"),
+    ]
+    if all("grad" in s for s in stats.values()):
+        panels.append(("grad", 1, "norm of d loss / d output", "gradient (recorded during backward)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    blue, green, many = "#3465a4", "#73a946", len(stats) > 8
+    colors = [blue if s["kind"] in ("Linear", "Conv2d") else green for s in stats.values()]
+    labels = [f"{name}\n{s['kind']}" for name, s in stats.items()]
+    for ax, (key, scale, ylabel, panel) in zip(axes, panels, strict=True):
+        ax.bar(range(len(stats)), [scale * s[key] for s in stats.values()], color=colors)
+        ax.set(ylabel=ylabel, title=panel, xlabel="layer (in forward order)")
+        ax.set_xticks(range(len(stats)), labels, fontsize=7 if many else 8, rotation=90 if many else 0)
     axes[1].set_ylim(0, 100)
-    axes[1].set_title("zeros (ReLU, dropout)")
-    if has_grad:
-        axes[2].bar(pos, [s.grad_norm or 0.0 for s in stats], color=colors)
-        axes[2].set_ylabel("norm of d loss / d output")
-        axes[2].set_title("gradient (recorded during backward)")
-    for ax in axes:
-        ax.set_xticks(list(pos))
-        ax.set_xticklabels(labels, fontsize=7 if len(stats) > 8 else 8, rotation=90 if len(stats) > 8 else 0)
-        ax.set_xlabel("layer (in forward order)")
+    patches = [Patch(color=blue, label="Linear or Conv2d"), Patch(color=green, label="activation, norm, dropout")]
+    axes[0].legend(handles=patches, fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -491,110 +254,60 @@ def plot_activation_stats(stats: Sequence[LayerStats], title: str = "Activation 
 
 # --------------------------------------------------------------------------- initialisation vs depth
 
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
-def _init_default(m: nn.Linear) -> None:
-    m.reset_parameters()
-
-
-def _init_normal(std: float) -> Callable[[nn.Linear], None]:
-    def init(m: nn.Linear) -> None:
-        nn.init.normal_(m.weight, 0.0, std)
-        nn.init.zeros_(m.bias)
-
-    return init
-
-
-def _init_xavier(m: nn.Linear) -> None:
-    nn.init.xavier_normal_(m.weight)
-    nn.init.zeros_(m.bias)
-
-
-def _init_kaiming(m: nn.Linear) -> None:
-    nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-    nn.init.zeros_(m.bias)
-
-
-#: Initialisation schemes for ``nn.Linear`` layers, by the name the plots use.
-INIT_SCHEMES: dict[str, Callable[[nn.Linear], None]] = {
-    "PyTorch default": _init_default,
-    "normal(0, 1)": _init_normal(1.0),
-    "normal(0, 0.01)": _init_normal(0.01),
-    "Xavier (Glorot)": _init_xavier,
-    "Kaiming (He)": _init_kaiming,
+#: How each scheme re-draws a Linear's weight (the bias is then zeroed); None: reset_parameters().
+INIT_SCHEMES: dict[str, Callable[[Tensor], Any] | None] = {
+    "PyTorch default": None,
+    "normal(0, 1)": partial(nn.init.normal_, std=1.0),
+    "normal(0, 0.01)": partial(nn.init.normal_, std=0.01),
+    "Xavier (Glorot)": nn.init.xavier_normal_,
+    "Kaiming (He)": partial(nn.init.kaiming_normal_, nonlinearity="relu"),
 }
 
 
-def init_linear_(model: nn.Module, scheme: str) -> nn.Module:
-    """Re-initialise every ``nn.Linear`` in `model` in place with one of :data:`INIT_SCHEMES`."""
-    if scheme not in INIT_SCHEMES:
-        raise ValueError(f"unknown initialisation {scheme!r}; choose one of {', '.join(INIT_SCHEMES)}.")
-    fn = INIT_SCHEMES[scheme]
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.Linear):
-                fn(m)
-    return model
+def activation_scale_vs_depth(scheme: str, activation: str, depth: int = 20, width: int = 256) -> list[float]:
+    """After each Linear+activation layer: each unit's std across 256 inputs, averaged over units.
 
-
-def activation_scale_vs_depth(scheme: str, activation: str = "tanh", depth: int = 20, width: int = 256,
-                              batch: int = 256, seed: int = 0) -> list[float]:
-    """How much the activations still vary from input to input after each of `depth` Linear+activation layers.
-
-    The inputs are `batch` unit-variance random vectors. After each activation the function
-    takes, for every unit, the standard deviation across the batch, and averages over the
-    units: when this "signal" vanishes, every input gives the same output (whatever the biases
-    add) and nothing can be learned. Runs on the CPU inside ``torch.random.fork_rng``, so the
-    caller's random stream is untouched. The weights are drawn in float32 (the default) and the
-    forward pass runs in float64: twenty layers amplify float32 rounding, whose last bits depend on
-    the CPU's vector instructions, into the fourth digit.
+    Seeded inside ``torch.random.fork_rng``. The weights are drawn in float32 and the forward pass
+    runs in float64: twenty layers amplify float32 rounding (whose last bits depend on the CPU's
+    vector instructions) into the fourth digit.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}.")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        layers: list[nn.Module] = []
+        torch.manual_seed(0)
+        net = nn.Sequential()
         for _ in range(depth):
-            layers += [nn.Linear(width, width), ACTIVATIONS[activation]()]
-        net = nn.Sequential(*layers)
-        init_linear_(net, scheme)
-        x = torch.randn(batch, width).double()
-    net = net.double()
+            net.extend([nn.Linear(width, width), ACTIVATIONS[activation]()])
+        init = INIT_SCHEMES[scheme]
+        for linear in net[::2]:
+            if init is None:
+                linear.reset_parameters()
+            else:
+                init(linear.weight)
+                nn.init.zeros_(linear.bias)
+        x = torch.randn(256, width).double()
     stds = []
     with torch.no_grad():
-        for layer in net:
+        for layer in net.double():
             x = layer(x)
             if not isinstance(layer, nn.Linear):
                 stds.append(x.std(dim=0).mean().item())
     return stds
 
 
-def init_depth_results(schemes: Sequence[str] | None = None, activations: Sequence[str] = ("tanh", "relu"),
-                       depth: int = 20, width: int = 256) -> dict[str, dict[str, list[float]]]:
-    """``results[activation][scheme]`` = :func:`activation_scale_vs_depth` for every combination."""
-    schemes = list(schemes or INIT_SCHEMES)
-    return {act: {s: activation_scale_vs_depth(s, act, depth=depth, width=width) for s in schemes}
-            for act in activations}
-
-
-def plot_init_vs_depth(results: dict[str, dict[str, list[float]]] | None = None, width: int = 256):
-    """One panel per activation: the signal's std (log scale) against depth, one line per init scheme.
-
-    `results` comes from :func:`init_depth_results` (computed here with its defaults when omitted).
-    """
+def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 256):
+    """One panel per activation: ``results[activation][scheme]`` (log scale) against depth."""
     import matplotlib.pyplot as plt
 
-    results = results or init_depth_results(width=width)
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.9), squeeze=False)
     for ax, (act, by_scheme) in zip(axes[0], results.items(), strict=True):
-        depth = 0
         for scheme, stds in by_scheme.items():
-            depth = len(stds)
-            ax.plot(range(1, depth + 1), [max(v, 1e-30) for v in stds], marker="o", ms=3, label=scheme)
+            depths = range(1, len(stds) + 1)
+            ax.plot(depths, [max(v, 1e-30) for v in stds], marker="o", ms=3, label=scheme)
         ax.set_yscale("log")
-        ax.set_xticks(range(0, depth + 1, 5 if depth > 10 else 1))
-        ax.set_xlabel("layer (depth)")
-        ax.set_ylabel("std across inputs (log scale)")
-        ax.set_title(f"{depth} x [Linear({width}, {width}) + {act}]")
+        ax.set_xticks(range(0, len(depths) + 1, 5))
+        title = f"{len(depths)} x [Linear({width}, {width}) + {act}]"
+        ax.set(xlabel="layer (depth)", ylabel="std across inputs (log scale)", title=title)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle("How initialisation sets the scale of the signal through depth")
@@ -604,155 +317,96 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]] | None = None,
 
 # --------------------------------------------------------------------------- model builder
 
-#: Activations the builder offers.
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
-#: Normalisations the builder offers.
-NORMS = ("none", "batchnorm", "layernorm")
-#: The builder's starting values (the widget's defaults and the static view below it).
-BUILDER_DEFAULTS: dict[str, Any] = {"depth": 3, "width": 128, "activation": "relu", "dropout": 0.2, "norm": "none"}
+NORMS = {"none": None, "batchnorm": nn.BatchNorm1d, "layernorm": nn.LayerNorm}
+BUILDER_DEFAULTS = {"depth": 3, "width": 128, "activation": "relu", "dropout": 0.2, "norm": "none"}
 
 
-def _check_builder_args(depth: int, width: int, activation: str, dropout: float, norm: str) -> None:
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-        raise ValueError(f"depth is the number of hidden layers: a whole number >= 0, not {depth!r}.")
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise ValueError(f"width is the number of units per hidden layer: a whole number >= 1, not {width!r}.")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not offered; choose one of {', '.join(ACTIVATIONS)}.")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout is a probability of zeroing a unit: 0 <= p < 1, not {dropout!r}.")
-    if norm not in NORMS:
-        raise ValueError(f"norm {norm!r} is not offered; choose one of {', '.join(NORMS)}.")
-
-
-def build_mlp(depth: int, width: int, activation: str = "relu", dropout: float = 0.0, norm: str = "none",
-              in_features: int = 784, out_features: int = 10) -> nn.Sequential:
-    """Flatten, then `depth` blocks of Linear -> [norm] -> activation -> [Dropout], then a Linear head."""
-    _check_builder_args(depth, width, activation, dropout, norm)
+def build_mlp(depth: int, width: int, activation: str, dropout: float, norm: str) -> nn.Sequential:
+    """Flatten, `depth` blocks of Linear -> [norm] -> activation -> [Dropout], a Linear head (10)."""
+    if activation not in ACTIVATIONS or norm not in NORMS:
+        raise ValueError(
+            f"activation {activation!r}, norm {norm!r}: the builder offers the activations "
+            f"{list(ACTIVATIONS)} and the norms {list(NORMS)}."
+        )
     layers: list[nn.Module] = [nn.Flatten()]
-    fan_in = in_features
-    for _ in range(depth):
-        layers.append(nn.Linear(fan_in, width))
-        if norm == "batchnorm":
-            layers.append(nn.BatchNorm1d(width))
-        elif norm == "layernorm":
-            layers.append(nn.LayerNorm(width))
+    for i in range(depth):
+        layers.append(nn.Linear(width if i else 784, width))
+        if NORMS[norm]:
+            layers.append(NORMS[norm](width))
         layers.append(ACTIVATIONS[activation]())
         if dropout > 0:
             layers.append(nn.Dropout(dropout))
-        fan_in = width
-    layers.append(nn.Linear(fan_in, out_features))
+    layers.append(nn.Linear(width if depth else 784, 10))
     return nn.Sequential(*layers)
 
 
-def mlp_param_formula(depth: int, width: int, norm: str = "none", in_features: int = 784,
-                      out_features: int = 10) -> int:
-    """Parameters of :func:`build_mlp` by the formula (no model built): Linear layers plus 2 per normalised unit."""
-    if depth == 0:
-        return linear_params(in_features, out_features)
-    total = linear_params(in_features, width) + (depth - 1) * linear_params(width, width)
-    total += linear_params(width, out_features)
-    if norm in ("batchnorm", "layernorm"):
-        total += depth * 2 * width  # a scale (gamma) and a shift (beta) per unit
-    return total
+def mlp_param_formula(depth: int, width: int, norm: str) -> int:
+    """:func:`build_mlp`'s parameters by the formula: in*out + out per Linear, 2 per normalised unit."""
+    sizes = [784] + [width] * depth + [10]
+    linears = sum(n_in * n_out + n_out for n_in, n_out in pairwise(sizes))
+    return linears + (2 * width * depth if NORMS[norm] else 0)
 
 
-@dataclass
-class BuilderResult:
-    """What the model builder shows: the model, its summary rows, its size and its activation statistics."""
+def model_builder(
+    depth: int, width: int, activation: str, dropout: float, norm: str, x: Tensor | None = None
+) -> tuple[nn.Sequential, dict[str, dict[str, Any]]]:
+    """The widget's logic: the MLP the settings describe, and each layer's output statistics.
 
-    model: nn.Sequential
-    rows: list[SummaryRow]
-    n_params: int
-    formula: int
-    stats: list[LayerStats] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
-
-
-def model_builder(depth: int = BUILDER_DEFAULTS["depth"], width: int = BUILDER_DEFAULTS["width"],
-                  activation: str = BUILDER_DEFAULTS["activation"], dropout: float = BUILDER_DEFAULTS["dropout"],
-                  norm: str = BUILDER_DEFAULTS["norm"], x: torch.Tensor | None = None, seed: int = 0) -> BuilderResult:
-    """Build the MLP the settings describe and measure it; the widget's whole logic.
-
-    `x` is a batch of inputs ``[N, 1, 28, 28]`` (default: 256 seeded uniform-noise images).
-    Activation statistics come from one forward pass in training mode (dropout active,
-    BatchNorm using the batch's statistics), at initialisation. Everything random happens
-    inside ``torch.random.fork_rng`` with `seed`, so the result is reproducible and the
-    caller's random stream is not disturbed.
+    One training-mode pass (dropout active, BatchNorm on the batch's statistics) at initialisation
+    of `x` (default: 256 uniform-noise images), seeded inside ``torch.random.fork_rng``.
     """
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(0)
         model = build_mlp(depth, width, activation, dropout, norm)
-        if x is None:
-            x = torch.rand(256, 1, 28, 28)
-        if x.shape[0] < 2 and norm == "batchnorm":
-            raise ValueError("BatchNorm in training mode needs a batch of at least 2 inputs.")
-        rows = summarize(model, x[:1])
-        model.train()
-        stats = activation_stats(model, x)
-    return BuilderResult(
-        model=model,
-        rows=rows,
-        n_params=count_parameters(model),
-        formula=mlp_param_formula(depth, width, norm),
-        stats=stats,
-        settings={"depth": depth, "width": width, "activation": activation, "dropout": dropout, "norm": norm},
+        h = torch.rand(256, 1, 28, 28) if x is None else x
+        stats = {}
+        with torch.no_grad():
+            for name, layer in model.named_children():
+                h = layer(h)
+                if not isinstance(layer, nn.Flatten):
+                    zeros = (h == 0).float().mean().item()
+                    kind = type(layer).__name__
+                    stats[name] = dict(kind=kind, mean=h.mean().item(), std=h.std().item(), zeros=zeros)
+    return model, stats
+
+
+def show_model_builder(
+    depth: int, width: int, activation: str, dropout: float, norm: str, x: Tensor | None = None
+) -> None:
+    """Print the builder's view (summary, count against the formula, statistics) and draw it."""
+    model, stats = model_builder(depth, width, activation, dropout, norm, x=x)
+    n, formula = sum(p.numel() for p in model.parameters()), mlp_param_formula(depth, width, norm)
+    print(
+        f"depth={depth} width={width} activation={activation} dropout={dropout:.2f} norm={norm}\n"
+        f"{summary(model, torch.zeros(1, 784))}\n"
+        f"parameters: {n:,} ({'matches' if n == formula else 'DOES NOT match'} the formula: {formula:,})\n\n"
+        f"activation statistics (one training-mode forward pass at initialisation):\n{format_stats(stats)}"
     )
+    title = f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}"
+    show_figure(plot_activation_stats(stats, title))
 
 
-def format_builder(result: BuilderResult) -> str:
-    """The builder's text view: settings, summary table, parameter count (checked against the formula), stats."""
-    s = result.settings
-    head = (f"depth={s['depth']} width={s['width']} activation={s['activation']} "
-            f"dropout={s['dropout']:.2f} norm={s['norm']}")
-    check = "matches" if result.n_params == result.formula else "DOES NOT match"
-    return "\n".join([
-        head,
-        format_summary(result.rows, result.model),
-        f"parameters: {result.n_params:,} ({check} the formula: {result.formula:,})",
-        "",
-        "activation statistics (one training-mode forward pass at initialisation):",
-        format_stats(result.stats),
-    ])
+def model_builder_widget(x: Tensor | None = None):
+    """Sliders and menus on top, :func:`show_model_builder`'s view below."""
+    import ipywidgets as w
 
-
-def show_model_builder(depth: int = BUILDER_DEFAULTS["depth"], width: int = BUILDER_DEFAULTS["width"],
-                       activation: str = BUILDER_DEFAULTS["activation"], dropout: float = BUILDER_DEFAULTS["dropout"],
-                       norm: str = BUILDER_DEFAULTS["norm"], x: torch.Tensor | None = None,
-                       plot: bool = True) -> BuilderResult:
-    """Print the builder's text view and draw its activation statistics (the widget's static twin)."""
-    result = model_builder(depth, width, activation, dropout, norm, x=x)
-    print(format_builder(result))
-    if plot:
-        from .figures import show_figure
-
-        show_figure(plot_activation_stats(result.stats, title=f"{depth} hidden layers of {width}, {activation}, "
-                                                              f"dropout {dropout:.2f}, norm: {norm}"))
-    return result
-
-
-def model_builder_widget(x: torch.Tensor | None = None):
-    """An ipywidgets model builder: sliders and menus on top, the builder's view below."""
-    import ipywidgets as widgets
-
-    d = BUILDER_DEFAULTS
     controls = {
-        "depth": widgets.IntSlider(value=d["depth"], min=0, max=12, description="depth"),
-        "width": widgets.Dropdown(options=[16, 32, 64, 128, 256, 512], value=d["width"], description="width"),
-        "activation": widgets.Dropdown(options=list(ACTIVATIONS), value=d["activation"], description="activation"),
-        "dropout": widgets.FloatSlider(value=d["dropout"], min=0.0, max=0.8, step=0.05, description="dropout"),
-        "norm": widgets.Dropdown(options=list(NORMS), value=d["norm"], description="norm"),
+        "depth": w.IntSlider(min=0, max=12),
+        "width": w.Dropdown(options=[16, 32, 64, 128, 256, 512]),
+        "activation": w.Dropdown(options=list(ACTIVATIONS)),
+        "dropout": w.FloatSlider(min=0.0, max=0.8, step=0.05),
+        "norm": w.Dropdown(options=list(NORMS)),
     }
-    out = widgets.Output()
+    out = w.Output()
 
     def redraw(_change: Any = None) -> None:
         with out:
             out.clear_output(wait=True)
-            show_model_builder(**{k: c.value for k, c in controls.items()}, x=x)
+            show_model_builder(**{name: c.value for name, c in controls.items()}, x=x)
 
-    for c in controls.values():
+    for name, c in controls.items():
+        c.value, c.description = BUILDER_DEFAULTS[name], name
         c.observe(redraw, names="value")
     redraw()
-    box = widgets.VBox([widgets.HBox(list(controls.values())[:3]), widgets.HBox(list(controls.values())[3:]), out])
-    return box
-
+    c = list(controls.values())
+    return w.VBox([w.HBox(c[:3]), w.HBox(c[3:]), out])
