@@ -1,5 +1,5 @@
-"""course_utils.ch04_distributed: the DistributedSampler re-implementation against the real one, the
-pictures, the explorer, and the bounded spawn."""
+"""Chapter 04's helpers: course_utils.data.sampler_indices against the real DistributedSampler, the
+pictures and the explorer of course_utils.ch04_distributed, and the launch helpers the chapter uses."""
 
 import itertools
 import json
@@ -7,7 +7,9 @@ import os
 import time
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
+from matplotlib.colors import to_hex
 from torch.utils.data import DistributedSampler
 
 from course_utils.ch04_distributed import (
@@ -19,7 +21,6 @@ from course_utils.ch04_distributed import (
     draw_shards,
     load_rank_records,
     sampler_explorer,
-    sampler_view,
 )
 from course_utils.data import sampler_indices
 from course_utils.launch import free_port, spawn_bounded
@@ -68,28 +69,20 @@ def test_sampler_indices_refuses_nonsense(bad):
         sampler_indices(**kw)
 
 
-def test_sampler_view_text_padding_and_drop():
-    v = sampler_view(10, 3, 0, True, False)
-    assert v.padding == 2 and v.dropped == []
-    assert "2 padded" in v.text()
-    assert v.text().count("  rank ") == 3
-    d = sampler_view(10, 3, 0, True, True)
-    assert d.padding == 0 and len(d.dropped) == 1
-    assert "1 dropped" in d.text()
-    assert d.per_rank == sampler_indices(10, 3, 0, True, 0, True)
-
-
-def test_sampler_view_text_is_deterministic():
-    assert sampler_view(**EXPLORER_DEFAULTS).text() == sampler_view(**EXPLORER_DEFAULTS).text()
-
-
-def test_draw_sampler_prints_and_returns_a_figure(capsys):
+def test_draw_sampler_prints_the_shares_padding_and_drop(capsys):
     fig = draw_sampler(**EXPLORER_DEFAULTS)
-    assert "rank 2:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count("  rank ") == 3 and "; 2 padded" in out and "dropped" not in out
     assert fig.axes[0].get_title().startswith("DistributedSampler")
-    matplotlib.pyplot.close(fig)
-    fig = draw_sampler(7, 2, 1, False, True)
-    matplotlib.pyplot.close(fig)
+    plt.close(fig)
+    plt.close(draw_sampler(10, 3, 0, True, True))
+    out = capsys.readouterr().out
+    shares = sampler_indices(10, 3, 0, True, 0, True)
+    assert all(f"rank {r}: {s}" in out for r, s in enumerate(shares))
+    (dropped,) = set(range(10)) - {i for s in shares for i in s}
+    assert f"1 dropped this epoch: [{dropped}]" in out and "padded" not in out
+    plt.close(draw_sampler(3, 4, drop_last=True))  # every rank reads nothing: still a picture
+    assert "each rank reads 0 indices" in capsys.readouterr().out
 
 
 def test_draw_sampler_epochs():
@@ -101,7 +94,7 @@ def test_draw_sampler_epochs():
         records.append(rec)
     fig = draw_sampler_epochs(records)
     assert len(fig.axes) == 2
-    matplotlib.pyplot.close(fig)
+    plt.close(fig)
 
 
 def collective_records():
@@ -123,7 +116,13 @@ def test_draw_collectives_one_panel_per_collective():
     fig = draw_collectives(list(reversed(collective_records())))  # any order: sorted by rank
     assert len(fig.axes) == len(COLLECTIVES)
     assert fig.axes[0].get_title(loc="left").startswith("all_reduce")
-    matplotlib.pyplot.close(fig)
+    colours = {ax.get_title(loc="left").split(":")[0]: [to_hex(p.get_facecolor()) for p in ax.patches]
+               for ax in fig.axes[:len(COLLECTIVES)]}
+    c0, c1, grey = "#1f77b4", "#ff7f0e", "#c8c8c8"  # rank 0's data, rank 1's, a sum over both ranks
+    assert colours["reduce"] == [c0, c0, grey, grey, c1, c1, c1, c1]  # rank 1 keeps its own
+    assert colours["all_gather"][2:6] == [c0, c0, c1, c1]
+    assert colours["broadcast"][6:] == [c0, c0] and colours["reduce_scatter"][2] == grey
+    plt.close(fig)
 
 
 def test_draw_shards():
@@ -132,7 +131,7 @@ def test_draw_shards():
     fig = draw_shards(full, local)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "rank 1: rows 128-255" in texts
-    matplotlib.pyplot.close(fig)
+    plt.close(fig)
 
 
 def test_load_rank_records(tmp_path):
@@ -168,10 +167,6 @@ def _fail(index):
 
 def _sleep(index):
     time.sleep(60)
-
-
-def test_spawn_zero_processes_is_a_silent_no_op():
-    assert spawn_bounded(_ok, args=("unused",), nprocs=0, timeout=5) == 0
 
 
 @pytest.mark.slow

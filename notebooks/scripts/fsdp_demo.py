@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from ddp_digits import MLP  # the same model as the DDP script (this folder is on sys.path)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -30,6 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from course_utils.data import digits_dataset, digits_tensors
 from course_utils.device import seed_everything
 from course_utils.dist import cleanup, rprint, setup
+from course_utils.models import MLP  # the source's MLP, the model of ddp_digits.py too
 
 
 def build(mesh) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -17,24 +17,11 @@ from collections import Counter
 from pathlib import Path
 
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.data import image_paths
 from course_utils.device import seed_everything
 from course_utils.dist import cleanup, rprint, setup
-
-
-class IndexDataset(Dataset):
-    """Item i is the number i: a loader over it shows exactly which samples it reads."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 def epoch_indices(loader: DataLoader) -> list[int]:
@@ -54,8 +41,9 @@ def main() -> None:
     seed_everything(0)  # the usual first line of a training script: the same seed on every rank
     record: dict[str, object] = {"rank": r, "world_size": n, "small": args.small}
 
-    # 1. DistributedSampler on a small data set: with and without set_epoch.
-    small = IndexDataset(args.small)
+    # 1. DistributedSampler on a small data set, with and without set_epoch. A range is a data set
+    #    (it has len() and [i]) whose item i is i: a loader over it shows which samples it reads.
+    small = range(args.small)
     for mode in ("with set_epoch", "without set_epoch"):
         sampler = DistributedSampler(small, num_replicas=n, rank=r, shuffle=True, seed=0)
         loader = DataLoader(small, batch_size=4, sampler=sampler)
@@ -68,7 +56,7 @@ def main() -> None:
         rprint(f"{mode:<18} " + "  ".join(f"epoch {e}: {idx}" for e, idx in enumerate(per_epoch)))
 
     # 2. The whole training set (its size only: we look at indices, not pixels), one epoch.
-    full = IndexDataset(len(image_paths("train")[0]))
+    full = range(len(image_paths("train")[0]))
     plain = epoch_indices(DataLoader(full, batch_size=64, shuffle=True))  # the source's pitfall
     sampler = DistributedSampler(full, num_replicas=n, rank=r, shuffle=True, seed=0)
     sampler.set_epoch(0)
