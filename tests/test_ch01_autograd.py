@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import sys
 import warnings
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import ch01_autograd as A
 from course_utils import ch01_autograd as G
 from course_utils import memory as MEM
 from course_utils.exercises import ch01
@@ -33,7 +33,7 @@ def sigmoid_example():
 def no_dot(monkeypatch, tmp_path):
     """Hide any Graphviz `dot` program: PATH holds only an empty folder."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert not G.has_dot()
+    assert shutil.which("dot") is None
 
 
 @pytest.fixture
@@ -114,12 +114,14 @@ def test_freed_saved_tensors_are_reported_not_raised():
     _, _, _, _, z, params = sigmoid_example()
     z.backward()  # frees the saved tensors
     assert "(freed)" in G.as_text(z, params, show_saved=True)
+    d = G.draw(z, params, show_saved=True)  # torchviz cannot read them: drawn by matplotlib
+    assert d.engine == "matplotlib" and d.dot_source is None and "(freed)" in repr(d)
 
 
 def test_learner_errors_are_explained():
-    with pytest.raises(TypeError, match="need a torch.Tensor"):
+    with pytest.raises(TypeError, match="tensor should be a torch.Tensor, but it is a list"):
         G.build_graph([1.0])
-    with pytest.raises(TypeError, match=r"params\['w'\] should be a tensor"):
+    with pytest.raises(TypeError, match=r"params\['w'\] should be a torch.Tensor"):
         G.build_graph(torch.ones(1, requires_grad=True) * 2, {"w": 3.0})
 
 
@@ -134,27 +136,19 @@ def chain(n: int) -> torch.Tensor:
     return y
 
 
-def test_count_nodes_stops_at_the_limit():
-    y = chain(500)
-    assert G.count_nodes(y) == (501, False)
-    count, capped = G.count_nodes(y, limit=100)
-    assert capped and count == 100
-
-
-def test_large_graph_is_truncated_with_a_note(no_dot):
+def test_large_graph_is_truncated_with_a_note():
     y = chain(10_000)
     g = G.build_graph(y, max_nodes=40)
     assert g.truncated and g.total == 10_001
     assert g.nodes[-1].kind == "more" and g.nodes[-1].hidden == 10_001 - 40
-    text = G.as_text(g)
+    text = G.as_text(y, max_nodes=40)
     assert "10,001 nodes; showing the 40 nearest the output" in text
     assert text.endswith("#40 ... 9,961 more nodes not shown")
 
 
 def test_drawing_10000_nodes_draws_a_bounded_picture(no_dot):
     """A huge graph is drawn as its DEFAULT_MAX_NODES nearest nodes and a note (the picture's size,
-    and so the time to lay it out, does not grow with the graph; how fast it is, is the benchmark's
-    business, not a test's)."""
+    and so the time to lay it out, does not grow with the graph)."""
     for big in (chain(10_000), sum(torch.full((1,), float(i), requires_grad=True) for i in range(10_000))):
         d = G.draw(big)
         assert d.graph.truncated and d.png.startswith(PNG)
@@ -165,25 +159,29 @@ def test_drawing_10000_nodes_draws_a_bounded_picture(no_dot):
 # ------------------------------------------------------------------ DOT source and both renderers
 
 
-def test_make_dot_is_torchviz_and_quiet():
-    import graphviz
+def test_the_dot_source_is_torchvizs_and_drawing_is_quiet(fake_dot):
     import torchviz
 
     _, _, _, _, z, params = sigmoid_example()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torchviz's own deprecation warning must not reach a notebook
-        dot = G.make_dot(z, params)
-    assert isinstance(dot, graphviz.Digraph)
+        src = G.draw(z, params).dot_source
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert dot.source == torchviz.make_dot(z, params=params).source
+        plain = G.stable_dot(torchviz.make_dot(z, params=params).source)
+    # every line of torchviz's is kept, but its graph attributes, to which the course adds a title
+    assert set(plain.splitlines()) - set(src.splitlines()) == {'\tgraph [size="12,12"]'}
 
 
 def test_stable_dot_renames_the_ids_that_change_every_run():
+    import torchviz
+
     sources = []
     for _ in range(2):
         _, _, _, _, z, params = sigmoid_example()
-        sources.append(G.make_dot(z, {"x": params["x"]}).source)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sources.append(torchviz.make_dot(z, {"x": params["x"]}).source)
     assert sources[0] != sources[1]  # torchviz names nodes by id()
     stable = [G.stable_dot(s) for s in sources]
     assert stable[0] == stable[1]
@@ -194,45 +192,33 @@ def test_stable_dot_renames_the_ids_that_change_every_run():
     assert not re.search(r"\d{5,}", stable[0])
 
 
-def test_deep_graphs_do_not_overflow_torchvizs_recursion():
-    limit = sys.getrecursionlimit()
-    src = G.make_dot(chain(3 * limit)).source
-    assert src.count("MulBackward0") == 3 * limit and sys.getrecursionlimit() == limit
-
-
-def test_dot_source_is_torchvizs_graph_with_the_course_labels():
+def test_dot_source_has_the_course_labels_highlight_and_gradients(no_dot):
     _, _, _, _, z, params = sigmoid_example()
-    g = G.build_graph(z, params, show_saved=True)
-    src = G.to_dot(g, highlight=2, edge_labels={(4, 2): "0.00182"})
-    assert src == G.to_dot(G.build_graph(z, params, show_saved=True), highlight=2,
-                           edge_labels={(4, 2): "0.00182"})
+    src = G.draw(z, params, show_saved=True).dot_source
+    assert src == G.draw(z, params, show_saved=True).dot_source  # deterministic
     assert src.startswith("digraph {") and src.rstrip().endswith("}")
     assert "rankdir=LR" in src and 'label="autograd graph of z\n(6 nodes)"' in src
     assert "fillcolor=lightblue" in src and "fillcolor=darkolivegreen1" in src  # torchviz's colours
     assert src.count("AccumulateGrad") == 3 and "fillcolor=orange" in src  # saved tensors
-    assert 'label="SigmoidBackward0\n-> z (1,)"' in src and 'label="w (1,)"' in src
-    mul = re.search(r"(?m)^\t(n\d+) \[label=MulBackward0\]", src).group(1)
-    assert re.search(rf'(?m)^\t{mul} \[color="#d62728" fillcolor="#fff3a3" penwidth=3\]$', src)
-    assert re.search(rf'-> {mul} \[label=" 0.00182 " .*dir=back\]', src)
+    assert 'label="#0 SigmoidBackward0\n-> z (1,)"' in src and 'label="#4 leaf w (1,)"' in src
+    step = G.step_view(z, params, step=3).dot_source  # MulBackward0 sends to w (#4) and x (#5)
+    mul = re.search(r'(?m)^\t(n\d+) \[label="#2 MulBackward0', step).group(1)
+    assert re.search(rf'(?m)^\t{mul} \[color="#d62728" fillcolor="#fff3a3" penwidth=3\]$', step)
+    assert re.search(rf'-> {mul} \[label=" 0.00182 " .*dir=back\]', step)
+    assert re.search(rf'-> {mul} \[label=" 0.002731 " .*dir=back\]', step)
 
 
-def test_dot_labels_are_escaped():
+def test_dot_labels_are_escaped(no_dot):
     leaf = torch.ones(1, requires_grad=True)
-    src = G.to_dot(G.build_graph(leaf * 2, {'a"b': leaf}))
-    assert 'label="a\\"b (1,)"' in src
+    assert 'label="#1 leaf a\\"b (1,)"' in G.draw(leaf * 2, {'a"b': leaf}).dot_source
 
 
 def test_truncated_graphs_have_no_dot_source_and_draw_with_matplotlib(fake_dot):
     big = chain(100)
     d = G.draw(big)
     assert d.graph.truncated and d.engine == "matplotlib" and d.dot_source is None
-    with pytest.raises(ValueError, match="torchviz draws whole graphs"):
-        G.draw(big, engine="graphviz")
-    assert G.draw(big, max_nodes=200).engine == "graphviz"
-
-
-def test_long_graphs_run_top_to_bottom():
-    assert "rankdir=TB" in G.to_dot(G.build_graph(chain(30)))
+    d = G.draw(big, max_nodes=200)
+    assert d.engine == "graphviz" and "rankdir=TB" in d.dot_source  # a long graph runs top to bottom
 
 
 def test_matplotlib_path_without_dot(no_dot):
@@ -242,14 +228,6 @@ def test_matplotlib_path_without_dot(no_dot):
     assert d.png.startswith(PNG) and d._repr_png_() is d.png
     assert repr(d) == G.as_text(z, params, show_values=True, show_saved=True)
     assert d.dot_source.startswith("digraph")  # the DOT source is there even without `dot`
-
-
-def test_graphviz_requested_without_dot_says_how_to_install(no_dot):
-    _, _, _, _, z, params = sigmoid_example()
-    with pytest.raises(FileNotFoundError, match="apt-get install graphviz"):
-        G.draw(z, params, engine="graphviz")
-    with pytest.raises(ValueError, match="engine must be"):
-        G.draw(z, params, engine="svg")
 
 
 def test_graphviz_path_sends_the_dot_source_to_dot(fake_dot):
@@ -266,11 +244,9 @@ def test_a_failing_dot_falls_back_to_matplotlib(monkeypatch, tmp_path):
     bad.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     _, _, _, _, z, params = sigmoid_example()
-    with pytest.warns(UserWarning, match="drawing with matplotlib instead"):
+    with pytest.warns(UserWarning, match=r"dot failed \(broken\); drawing with matplotlib"):
         d = G.draw(z, params)
     assert d.engine == "matplotlib" and d.png.startswith(PNG)
-    with pytest.raises(RuntimeError, match="broken"):
-        G.draw(z, params, engine="graphviz")
 
 
 def _bundle(obj):
@@ -290,7 +266,7 @@ def test_both_paths_store_the_same_kinds_of_output(monkeypatch, tmp_path, fake_d
     assert with_dot["text/plain"] == without["text/plain"]
 
 
-@pytest.mark.skipif(not G.has_dot(), reason="Graphviz's dot is not installed (CI installs it)")
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (CI installs it)")
 def test_real_graphviz_renders_a_png():
     _, _, _, _, z, params = sigmoid_example()
     d = G.draw(z, params, show_values=True, show_saved=True)
@@ -351,14 +327,13 @@ def test_backward_steps_on_a_freed_graph_explain_what_to_do():
         G.backward_steps(torch.ones(2, requires_grad=True))
 
 
-def test_backward_steps_non_scalar_shared_input_and_size_limit():
+def test_backward_steps_shared_input_and_size_limit():
     x = torch.tensor([1.0, 2.0], requires_grad=True)
-    out = x * x
-    steps = G.backward_steps(out, {"x": x}, gradient=torch.tensor([1.0, 10.0]))
-    assert [s.op for s in steps] == ["MulBackward0", "AccumulateGrad"]
-    assert [t for t, _ in steps[0].grad_inputs] == [1, 1]  # both factors are x
-    assert steps[1].grad_output.tolist() == [2.0, 40.0]
-    with pytest.raises(ValueError, match="walks graphs of up to"):
+    steps = G.backward_steps((x * x).sum(), {"x": x})
+    assert [s.op for s in steps] == ["SumBackward0", "MulBackward0", "AccumulateGrad"]
+    assert [t for t, _ in steps[1].grad_inputs] == [2, 2]  # both factors are x
+    assert steps[2].grad_output.tolist() == [2.0, 4.0]
+    with pytest.raises(ValueError, match="walks graphs of up to 60 nodes; this one has 101"):
         G.backward_steps(chain(100))
 
 
@@ -372,7 +347,7 @@ def test_format_step_text():
         "  sends 0.0009102 to #2 MulBackward0\n"
         "  sends 0.0009102 to #3 leaf b"
     )
-    assert G.format_step(steps[3], g) .splitlines()[1] == "  gradient in: dz/d(result of #2) = 0.0009102"
+    assert G.format_step(steps[3], g).splitlines()[1] == "  gradient in: dz/d(result of #2) = 0.0009102"
     assert G.format_step(steps[4], g, 6).splitlines()[1].startswith("  w.grad += 0.00182")
 
 
@@ -382,6 +357,7 @@ def test_step_view_is_the_widget_view(no_dot):
     assert v.png.startswith(PNG) and v.engine == "matplotlib"
     assert repr(v).startswith("step 4 of 6: #2 MulBackward0")
     assert "penwidth=3" in v.dot_source and 'label=" 0.00182 "' in v.dot_source
+    assert "grad=0.0009102" in v.dot_source  # the gradient the node received
     with pytest.raises(IndexError, match="between 0 and 5"):
         G.step_view(z, params, step=6)
 
@@ -399,19 +375,22 @@ def test_stepper_widget_moves_through_the_steps(no_dot):
     assert "step 4 of 6: #2 MulBackward0" in text.value and bytes(image.value) != first
 
 
+# ------------------------------------------------------------------ the sigmoid explorer
+
+
 def test_the_source_example_has_the_right_gradients():
-    auto = A.sigmoid_example(2.0, 3.0, 1.0)
-    hand = A.sigmoid_by_hand(2.0, 3.0, 1.0)
-    assert f"{auto['dz/dw']:.3e}" == f"{hand['dz/dw']:.3e}" == "1.820e-03"
-    assert f"{auto['dz/db']:.3e}" == f"{hand['dz/db']:.3e}" == "9.102e-04"
-    assert f"{auto['dz/dx']:.3e}" == "2.731e-03"
-    assert abs(auto["dz/dw"] - 0.0900) > 0.08  # the source's "about 0.0900" is wrong
-    for key in ("y", "z", "dz/dx", "dz/dw", "dz/db"):
-        assert auto[key] == pytest.approx(hand[key], rel=1e-3)
+    rows = {r.split()[0]: r.split()[1:] for r in G.sigmoid_example_text(2.0, 3.0, 1.0).splitlines()[2:]}
+    assert rows["dz/dw"][0].startswith("1.820") and rows["dz/db"][0].startswith("9.102")
+    assert rows["dz/dx"] == ["2.7307e-03", "2.7305e-03"]  # by hand (float64), autograd (float32)
+    assert abs(float(rows["dz/dw"][1]) - 0.0900) > 0.08  # the source's "about 0.0900" is wrong
+    for x, w, b in ((2.0, 3.0, 1.0), (1.0, -2.0, 6.0), (-3.0, 0.5, 0.0)):
+        for row in G.sigmoid_example_text(x, w, b).splitlines()[2:]:
+            hand, auto = map(float, row.split()[1:])
+            assert auto == pytest.approx(hand, rel=1e-3, abs=1e-7), row
 
 
 def test_example_text_table():
-    lines = A.sigmoid_example_text().splitlines()
+    lines = G.sigmoid_example_text().splitlines()
     assert lines[0] == "x = 2, w = 3, b = 1"
     assert lines[5].split()[:2] == ["dz/dw", "1.8204e-03"]
     assert len(lines) == 7
@@ -423,24 +402,28 @@ def test_example_figure_is_labelled():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = A.sigmoid_example_figure(1.0, -2.0, 6.0)
+    fig = G.sigmoid_example_figure(1.0, -2.0, 6.0)
     try:
         ax, bx = fig.axes
         assert "x=1, w=-2, b=6" in ax.get_title()
         assert ax.get_xlabel() and ax.get_ylabel() and bx.get_xlabel() and bx.get_title()
-        assert "tangent at y, slope sigmoid'(y) = 1.766e-02" in [t.get_text() for t in ax.get_legend().texts]
+        legend = [t.get_text() for t in ax.get_legend().texts]
+        assert "tangent at y = 4.00, slope sigmoid'(y) = 1.766e-02" in legend
     finally:
         plt.close(fig)
 
 
 def test_explorer_builds():
     pytest.importorskip("ipywidgets")
-    box = A.sigmoid_explorer()
+    box = G.sigmoid_explorer()
     sliders = box.children[0].children
     assert [(s.description, s.value) for s in sliders] == [("x", 2.0), ("w", 3.0), ("b", 1.0)]
     # the notebook suggests b = -6 (y = 0, the steepest point): the slider must reach it
     sliders[2].value = -6.0
     assert sliders[2].value == -6.0
+
+
+# ------------------------------------------------------------------ what autograd keeps for backward (memory.py)
 
 
 def two_layers(x, w1, w2, detach_first=False):
@@ -524,55 +507,22 @@ def test_format_bytes():
     assert MEM.format_bytes(3 * 1024**3) == "3.0 GiB"
 
 
-def test_fx_code_and_ops_from_a_traced_function():
+# ------------------------------------------------------------------ torch.export's graphs
+
+
+def test_fx_code_from_a_traced_function():
     def f(x):
         return torch.sin(x) * 2 + 1
 
-    gm = torch.fx.symbolic_trace(f)
-    code = A.fx_code(gm)
+    code = G.fx_code(torch.fx.symbolic_trace(f))
     assert "= None" not in code and "\n\n" not in code
     assert code.splitlines()[0] == "def forward(self, x):"
-    assert A.fx_ops(gm) == ["sin", "mul", "add"]
 
 
-@pytest.mark.slow  # Dynamo's first capture takes seconds
-def test_graph_printer_shows_loops_unrolled_and_graph_breaks(capsys):
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    printer = A.GraphPrinter()
-
-    def f(x, n):
-        for _ in range(n):
-            x = torch.sin(x) * 2
-        if x.sum() > 0:  # depends on data: Dynamo breaks the graph here
-            return x.relu()
-        return -x
-
-    cf = torch.compile(f, backend=printer)
-    x = torch.ones(3)
-    assert torch.equal(cf(x, 2), f(x, 2))
-    assert len(printer.graphs) == 2
-    assert A.fx_ops(printer.graphs[0]).count("sin") == 2
-    out = capsys.readouterr().out
-    assert out.startswith("--- captured graph 1: 6 ops ---")
-    assert "--- captured graph 2: 1 ops ---" in out
-    torch._dynamo.reset()
+# ------------------------------------------------------------------ chapter 01 exercises (the rest: test_exercises.py)
 
 
-# ------------------------------------------------------------------ chapter 01 exercises
-
-
-@pytest.mark.parametrize("q", ch01.EXERCISES, ids=lambda q: q.name)
-def test_exercise_solution_stub_and_mistakes(q):
-    assert q.check(q.reference()).correct
-    assert q.check(...).status == "not_attempted"
-    assert len(q.mistakes) >= 2
-    for name, answer in q.mistakes.items():
-        assert q.check(answer).message == q.reasons[name]
-
-
-def test_function_stubs_read_not_attempted():
+def test_a_function_whose_backward_raises_reads_not_attempted():
     class Stub(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -584,13 +534,7 @@ def test_function_stubs_read_not_attempted():
         def backward(ctx, grad_output):
             raise NotImplementedError
 
-    def stub(*args, **kwargs):
-        raise NotImplementedError
-
     assert ch01.q2.check(Stub).status == "not_attempted"
-    assert ch01.q3.check(stub).status == "not_attempted"
-    assert ch01.q4.check(stub).status == "not_attempted"
-    assert ch01.q5.check(stub).status == "not_attempted"
 
 
 def test_backward_walk_matches_autograd_and_leaves_the_graph_alone():
