@@ -1,18 +1,5 @@
-"""The reusable pieces of chapter 05's training script (``notebooks/scripts/train.py``).
-
-Each piece is small and tested on its own, so the script itself reads like the
-source chapter's ``main_worker`` skeleton made whole:
-
-- :class:`TrainConfig` and :func:`parse_config`: configuration from the command line;
-- :func:`build_model`: a model by name (the source's ``MLP`` and a small CNN);
-- :func:`load_splits`: the course digits in memory, with a validation split held out of train;
-- :class:`ShardSampler`, :func:`evaluate`, :func:`all_reduce_sums`: evaluation on every rank's
-  shard, counts summed across ranks, no sample counted twice;
-- :func:`atomic_save`, :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`get_rng_state`,
-  :func:`set_rng_state`: checkpoints that survive a crash mid-write and resume exactly;
-- :func:`seed_worker`, :func:`epoch_seed`: seeded DataLoader workers;
-- :class:`MetricsWriter`, :func:`read_metrics`: one JSON line per epoch.
-"""
+"""Chapter 05: the pieces of the training script ``notebooks/scripts/train.py`` that the notebook
+shows on their own: its configuration, the data splits, atomic checkpoints and exact resume."""
 
 from __future__ import annotations
 
@@ -25,241 +12,142 @@ import math
 import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
-from .dist import shard_indices
+from .data import digits_tensors
 from .models import MODELS
 
-# --------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------- configuration
+
 
 def _opt(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainConfig:
-    """Everything a run depends on. Each field is a command-line flag (``out_dir`` -> ``--out-dir``)."""
+    """Everything a run depends on. Each field is a command-line flag (``out_dir``: ``--out-dir``)."""
 
-    model: str = _opt("cnn", "model name: 'cnn' (small CNN) or 'mlp' (the source's MLP(784, 256, 10))")
-    epochs: int = _opt(6, "number of passes over the training split")
-    batch_size: int = _opt(32, "batch size per rank (the global batch is batch_size x world_size)")
+    model: str = _opt("cnn", "'cnn' (a small CNN) or 'mlp' (the source's MLP(784, 256, 10))")
+    epochs: int = _opt(6, "passes over the training split")
+    batch_size: int = _opt(32, "batch size per rank (the global batch is this x world size)")
     lr: float = _opt(4e-3, "peak learning rate of the one-cycle schedule")
     weight_decay: float = _opt(0.01, "AdamW weight decay")
-    clip_grad_norm: float = _opt(1.0, "clip the gradient norm to this value (0 turns clipping off)")
+    clip_grad_norm: float = _opt(1.0, "clip the gradient norm to this value (0: no clipping)")
     val_fraction: float = _opt(0.1, "fraction of the training images held out for validation")
     seed: int = _opt(0, "seed of every random number generator")
-    num_workers: int = _opt(0, "DataLoader worker processes per rank (0: load in the main process)")
+    num_workers: int = _opt(0, "DataLoader worker processes per rank (0: the main process)")
     eval_batch_size: int = _opt(256, "batch size for evaluation")
-    out_dir: str = _opt("runs/train", "folder for the checkpoint (last.pt), metrics.jsonl and summary.json")
+    out_dir: str = _opt("runs/train", "folder of last.pt, metrics.jsonl, final.pt, summary.json")
     resume: bool = _opt(True, "resume from OUT_DIR/last.pt when it exists")
     bf16: bool = _opt(False, "bf16 autocast (mixed precision; for GPUs)")
-    compile: bool = _opt(False, "torch.compile the model (for GPUs; the first compile takes a while)")
-    progress: bool = _opt(True, "tqdm progress bar on rank 0 (only when writing to a terminal)")
-    test_every_epoch: bool = _opt(False, "also evaluate the test split after every epoch (benchmarks)")
-    crash_at_epoch: int = _opt(0, "fault drill: rank CRASH_RANK dies half-way through this epoch (1-based) on the first attempt")
+    compile: bool = _opt(False, "torch.compile the model (for GPUs; the first compile is slow)")
+    progress: bool = _opt(True, "tqdm progress bar on rank 0 (only in a terminal)")
+    test_every_epoch: bool = _opt(False, "evaluate the test split after every epoch too")
+    crash_at_epoch: int = _opt(0, "fault drill: rank CRASH_RANK dies in this epoch, 1st attempt")
     crash_rank: int = _opt(1, "fault drill: which rank dies")
-    stop_after_epoch: int = _opt(0, "stop cleanly after this epoch (1-based), as a job that hit its time limit")
+    stop_after_epoch: int = _opt(0, "stop cleanly after this epoch, as a job at its time limit")
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be between 0 and 1, got {self.val_fraction}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers cannot be negative, got {self.num_workers}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        for name, ok, rule in (
+            ("model", self.model in MODELS, f"one of {', '.join(MODELS)}"),
+            ("epochs", self.epochs >= 1, "at least 1"),
+            ("batch_size", self.batch_size >= 1, "at least 1"),
+            ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
+            ("val_fraction", 0 < self.val_fraction < 1, "between 0 and 1"),
+            ("lr", self.lr > 0, "positive"),
+            ("num_workers", self.num_workers >= 0, "0 or more"),
+        ):
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
-#: Fields that must match between a checkpoint and the run resuming from it (others may change,
-#: e.g. the fault-drill flags, the progress bar or the number of workers).
-RESUME_KEYS = ("model", "epochs", "batch_size", "lr", "weight_decay", "clip_grad_norm", "val_fraction", "seed")
+#: What must match between a checkpoint and the run that resumes from it (the rest may change).
+RESUME_KEYS = "model epochs batch_size lr weight_decay clip_grad_norm val_fraction seed".split()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """An argparse parser with one flag per :class:`TrainConfig` field (booleans get ``--no-...``)."""
+def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """A :class:`TrainConfig` from command-line flags, one per field (``--no-...`` for booleans)."""
     parser = argparse.ArgumentParser(
         description="Train a digits classifier with DDP (chapter 05's full pipeline).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for f in dataclasses.fields(TrainConfig):
+        kind = type(f.default)
+        how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
         flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float, "str": str, "bool": bool}[f.type if isinstance(f.type, str) else f.type.__name__]
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
-    return parser
-
-
-def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Parse command-line flags into a :class:`TrainConfig` (argparse reports bad values)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+        parser.add_argument(flag, default=f.default, help=f.metadata["help"], **how)
     try:
-        return TrainConfig(**vars(args))
+        return TrainConfig(**vars(parser.parse_args(argv)))
     except ValueError as exc:
-        parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+        parser.error(str(exc))  # exits with the usage and the reason
 
 
-def _show_path(p: str) -> str:
-    """Relative paths as they are; an absolute one by its last part only (no machine paths in logs)."""
-    path = Path(p)
-    return p if not path.is_absolute() else f".../{path.name}"
-
-
-def format_config(cfg: TrainConfig, world_size: int | None = None, backend: str | None = None) -> str:
-    """The configuration, one ``name: value`` per line (absolute paths shortened)."""
-    items = cfg.to_dict()
-    items["out_dir"] = _show_path(cfg.out_dir)
-    if world_size is not None:
-        items["world_size"] = world_size
-        items["global_batch"] = cfg.batch_size * world_size
-    if backend is not None:
-        items["backend"] = backend
-    width = max(len(k) for k in items)
+def format_config(cfg: TrainConfig, **extra: object) -> str:
+    """The configuration and ``extra``, one ``name  value`` per line (an absolute out_dir shortened)."""
+    items = {**dataclasses.asdict(cfg), **extra}
+    if Path(cfg.out_dir).is_absolute():  # no machine path in logs
+        items["out_dir"] = f".../{Path(cfg.out_dir).name}"
+    width = max(map(len, items))
     return "\n".join(f"{k:<{width}}  {v}" for k, v in items.items())
 
 
-# --------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------- data
 
 
-
-
-
-
-
-
-
-# --------------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Splits:
+class Splits(NamedTuple):
     train: TensorDataset
     val: TensorDataset
     test: TensorDataset
 
 
 def load_splits(val_fraction: float = 0.1, seed: int = 0) -> Splits:
-    """The course digits as in-memory tensors: train minus a held-out validation part, and test.
-
-    The validation images are a seeded random ``val_fraction`` of the train split, the same on
-    every rank and in every run with the same seed. Tensors, not PNG files: decoding 1,438 images
-    per epoch would cost more than training on them.
-    """
-    from .data import digits_tensors
-
+    """The digits as in-memory tensors (decoding the PNGs every epoch would cost more than training):
+    train less a seeded random ``val_fraction`` of it held out for validation, and test."""
     x, y = digits_tensors("train")
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(y), generator=g)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     n_val = round(val_fraction * len(y))
-    val_idx, train_idx = perm[:n_val].sort().values, perm[n_val:].sort().values
-    xt, yt = digits_tensors("test")
-    return Splits(TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]),
-                  TensorDataset(xt, yt))
-
-
-def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` of the training script: NumPy and ``random`` reseeded from the worker's torch seed.
-
-    This restates what PyTorch's worker loop (``torch/utils/data/_utils/worker.py``) has already done
-    before it calls a ``worker_init_fn``: one intra-op thread, and torch, ``random`` and NumPy's global
-    generator seeded per worker, each time workers start. Without ``persistent_workers`` that is every
-    epoch, as in the training script; with ``persistent_workers=True`` the workers start once and this
-    function runs once per worker, not per epoch: their streams simply go on. The reseeding only swaps
-    the seeds for others that also differ per worker; a plain ``DataLoader`` needs no
-    ``worker_init_fn`` for this.
-    """
-    s = torch.initial_seed() % 2**32  # base seed + worker id, drawn when the workers start
-    np.random.seed(s)
-    random.seed(s)
-    torch.set_num_threads(1)  # already 1: DataLoader set it before calling this function
-
-
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """A seed for the DataLoader generator of one rank in one epoch (worker seeds follow from it)."""
-    return (seed * 1_000_003 + epoch * 1009 + rank) % 2**63
-
-
-# --------------------------------------------------------------------------------------------
-# Evaluation across ranks
-# --------------------------------------------------------------------------------------------
-
-
-
+    val, train = perm[:n_val].sort().values, perm[n_val:].sort().values
+    test = TensorDataset(*digits_tensors("test"))
+    return Splits(TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), test)
 
 
 def padding_report(n: int = 359, world_size: int = 2) -> str:
-    """How ``DistributedSampler`` and :class:`ShardSampler` split ``n`` samples over ranks."""
-    from torch.utils.data import DistributedSampler
-
-    per_rank = math.ceil(n / world_size)
+    """How ``DistributedSampler`` and ``ShardSampler`` split ``n`` samples over ranks."""
     lines = [f"{n} samples over {world_size} ranks"]
     seen: list[int] = []
     for r in range(world_size):
         idx = list(DistributedSampler(range(n), num_replicas=world_size, rank=r, shuffle=False))
         seen += idx
-        lines.append(f"  rank {r}: DistributedSampler {len(idx):>4} samples | ShardSampler "
-                     f"{len(shard_indices(n, r, world_size)):>4} samples")
-    dup = len(seen) - len(set(seen))
-    lines.append(f"DistributedSampler: {len(seen)} evaluated, {dup} counted twice "
-                 f"({per_rank} x {world_size} - {n})")
+        shard = len(ShardSampler(n, r, world_size))
+        lines.append(f"  rank {r}: DistributedSampler {len(idx):>4} samples | ShardSampler {shard:>4} samples")
+    lines.append(
+        f"DistributedSampler: {len(seen)} evaluated, {len(seen) - len(set(seen))} counted twice "
+        f"({math.ceil(n / world_size)} x {world_size} - {n})"
+    )
     lines.append(f"ShardSampler:       {n} evaluated, 0 counted twice")
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------- checkpoints
 
-
-
-
-
-
-
-
-
-
-def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, n_classes: int = 10) -> torch.Tensor:
-    """``cm[t, p]``: how many samples of true class t were predicted as p."""
-    idx = target.long() * n_classes + pred.long()
-    return torch.bincount(idx, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file exists but cannot be used (corrupt, or made with another configuration)."""
+    """A checkpoint exists but cannot be used (damaged, or made with another configuration)."""
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` that never leaves a half-written file at ``path``.
-
-    Writes to a temporary file in the same folder, flushes it to disk (``fsync``), then renames
-    it over ``path`` with ``os.replace``, which is atomic on one file system: a reader (or the
-    run restarted after a crash) sees the old file or the new one, never a mixture. A crash
-    before the rename leaves the previous checkpoint untouched.
-    """
+    """``torch.save`` that never leaves a half-written file at ``path``: write a temporary file in
+    the same folder, ``fsync`` it, then ``os.replace`` it over ``path`` (atomic on one file system:
+    a reader sees the old file or the new one). A crash before the rename leaves the old file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -270,10 +158,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
         raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable (POSIX)
+    if hasattr(os, "O_DIRECTORY"):  # POSIX: fsync the folder too, so the rename itself is durable
         fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
@@ -284,22 +171,16 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def interrupted_save(fraction: float = 0.5) -> Iterator[None]:
-    """Make ``torch.save`` die part-way through a write (a crash, a full disk, a killed job).
-
-    Inside the ``with`` block, ``torch.save(obj, f)`` writes the first ``fraction`` of the bytes
-    it would write to ``f`` (a path or a file object), then raises ``OSError``. For demos and tests.
-    """
+    """Inside the block, ``torch.save(obj, f)`` (f a path or a file) writes the first ``fraction``
+    of its bytes, then raises ``OSError``: a crash mid-write (a killed job, a full disk)."""
     real_save = torch.save
 
     def dying_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         buf = io.BytesIO()
         real_save(obj, buf, *args, **kwargs)
         data = buf.getvalue()[: int(len(buf.getvalue()) * fraction)]
-        if isinstance(f, str | os.PathLike):
-            with open(f, "wb") as fh:
-                fh.write(data)
-        else:
-            f.write(data)
+        with open(f, "wb") if isinstance(f, str | os.PathLike) else contextlib.nullcontext(f) as fh:
+            fh.write(data)
         raise OSError(f"simulated crash: the process died after writing {len(data):,} bytes")
 
     torch.save = dying_save
@@ -310,14 +191,12 @@ def interrupted_save(fraction: float = 0.5) -> Iterator[None]:
 
 
 def get_rng_state() -> dict[str, Any]:
-    """This process's random number generator states, in types that ``weights_only`` loading accepts."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    state: dict[str, Any] = {
+    """This process's random states, as tensors and plain data (what ``weights_only`` loads)."""
+    name, keys, *rest = np.random.get_state()
+    state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
-        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+        "numpy": (name, keys.tolist(), *rest),
+        "python": random.getstate(),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -327,60 +206,40 @@ def get_rng_state() -> dict[str, Any]:
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore the states saved by :func:`get_rng_state`."""
     torch.set_rng_state(state["torch"].cpu())
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    cuda = state.get("cuda", [])
+    if cuda and len(cuda) == torch.cuda.device_count():  # the GPUs it was saved with
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
 
 
-def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, epoch: int, rng_states: Sequence[Mapping[str, Any]],
-                    config: TrainConfig, extra: Mapping[str, Any] | None = None) -> Path:
-    """Write everything a resumed run needs, atomically.
-
-    ``epoch`` is the number of *completed* epochs (the resumed run starts its loop there);
-    ``rng_states`` holds one :func:`get_rng_state` per rank (index = rank).
-    """
-    ckpt = {
-        "epoch": epoch,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": list(rng_states),
-        "config": config.to_dict(),
-        "extra": dict(extra or {}),
-    }
-    return atomic_save(ckpt, path)
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    config: TrainConfig | None = None) -> dict[str, Any] | None:
-    """Load a checkpoint with ``weights_only=True`` (tensors and plain data, no arbitrary code).
-
-    Returns ``None`` when there is no file. With ``config``, refuses (``CheckpointError``) a
-    checkpoint made with a configuration that the run cannot continue.
-    """
+def load_checkpoint(
+    path: str | os.PathLike, map_location: Any = "cpu", config: TrainConfig | None = None
+) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` (None when there is none), loaded with ``weights_only=True``
+    (tensors and plain data: unpickling it runs no code). With ``config``, a checkpoint made with
+    another configuration is refused (``CheckpointError``): the run cannot continue it."""
     path = Path(path)
     if not path.exists():
         return None
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        # PyTorch's own message is not repeated: for a file that is not a checkpoint it suggests
-        # weights_only=False, which would run whatever code the file holds.
+        # Not PyTorch's message: for a file that is not a checkpoint it suggests weights_only=False.
         raise CheckpointError(
-            f"the checkpoint {path.name} cannot be read ({type(exc).__name__}) in {path.parent}: it is "
-            "truncated (a run that crashed while saving without atomic_save) or not a checkpoint at all. "
-            "Move it away (or delete it) to start again from scratch, or start a fresh run with "
-            "--no-resume or another --out-dir. Do not load it with weights_only=False: a file that is "
-            "not what you expect can run code when it is unpickled."
+            f"the checkpoint {path.name} cannot be read ({type(exc).__name__}) in {path.parent}: "
+            "it is truncated (a run that crashed while saving without atomic_save) or not a "
+            "checkpoint at all. Move it away (or delete it) to start again from scratch, or start "
+            "a fresh run with --no-resume or another --out-dir. Do not load it with "
+            "weights_only=False: a file that is not what you expect can run code when unpickled."
         ) from None
     if config is not None:
         saved = ckpt.get("config", {})
-        diff = [f"{k}: {saved.get(k)!r} -> {getattr(config, k)!r}" for k in RESUME_KEYS
-                if saved.get(k) != getattr(config, k)]
+        diff = [
+            f"{k}: {saved.get(k)!r} -> {getattr(config, k)!r}"
+            for k in RESUME_KEYS
+            if saved.get(k) != getattr(config, k)
+        ]
         if diff:
             raise CheckpointError(
                 f"the checkpoint {path.name} was made with another configuration ({'; '.join(diff)}). "
@@ -391,80 +250,110 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 def max_abs_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
     """Largest absolute difference between two state dicts with the same keys (0.0: identical)."""
-    if a.keys() != b.keys():
-        raise ValueError(f"the state dicts have different keys: {sorted(set(a) ^ set(b))}")
-    worst = 0.0
-    for k in a:
-        if a[k].shape != b[k].shape:
-            raise ValueError(f"{k}: shapes differ, {tuple(a[k].shape)} vs {tuple(b[k].shape)}")
-        if a[k].numel():
-            worst = max(worst, (a[k].double() - b[k].double()).abs().max().item())
-    return worst
-
-
-def restart_count() -> int:
-    """How many times this node's elastic launcher has restarted its workers (0 on the first attempt; on
-    several nodes only the launcher of the node whose worker failed counts up)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics
-# --------------------------------------------------------------------------------------------
-
-class MetricsWriter:
-    """Appends one JSON object per epoch to a ``.jsonl`` file (rank 0 only).
-
-    Opened with ``keep_through=k`` it first drops any row with ``epoch > k``: after a resume from
-    the checkpoint of epoch k, the rows of the epochs that are re-run are not written twice.
-    """
-
-    def __init__(self, path: str | os.PathLike, keep_through: int = 0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [r for r in read_metrics(self.path) if r.get("epoch", 0) <= keep_through] if keep_through else []
-        atomic_text = "".join(json.dumps(r) + "\n" for r in rows)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(atomic_text)
-        os.replace(tmp, self.path)
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(dict(row)) + "\n")
-            f.flush()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a metrics file (an empty list when there is none)."""
+    """The rows of a metrics file, one JSON object per line (none when there is no file)."""
     path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-# --------------------------------------------------------------------------------------------
-# Reading a script beside the snippet it grew from
-# --------------------------------------------------------------------------------------------
-
-def _find_line(text: str, fragment: str, what: str) -> tuple[int, str]:
-    for number, line in enumerate(text.splitlines(), 1):
-        if fragment in line:
-            return number, line.strip()
-    raise ValueError(f"{fragment!r} is not in {what} any more: update the comparison")
+# ------------------------------------------------------ a script beside the snippet it grew from
 
 
-def compare_lines(left: str, right: str, pairs: Sequence[tuple[str, str]],
-                  names: tuple[str, str] = ("skeleton", "train.py")) -> str:
-    """Pairs of lines, one from each text, found by a fragment of each, with their line numbers.
+def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """Pairs of lines, found in each text by a fragment (``""``: missing from the skeleton), with
+    their line numbers. A fragment not found raises ``ValueError``: the comparison cannot drift."""
 
-    A fragment of ``""`` on the left means "missing from the left text". Raises ``ValueError``
-    when a fragment is not found, so the comparison cannot drift away from the files.
-    """
-    width = max(len(n) for n in names)
+    def find(text: str, fragment: str, name: str) -> tuple[int | str, str]:
+        if not fragment:
+            return "-", "(missing)"
+        for number, line in enumerate(text.splitlines(), 1):
+            if fragment in line:
+                return number, line.strip()
+        raise ValueError(f"{fragment!r} is not in {name} any more: update the comparison")
+
     out = []
     for i, (a, b) in enumerate(pairs, 1):
-        na, la = _find_line(left, a, names[0]) if a else (0, "(missing)")
-        nb, lb = _find_line(right, b, names[1])
-        out.append(f"[{i:>2}] {names[0]:<{width}} {na or '-':>4} | {la}")
-        out.append(f"     {names[1]:<{width}} {nb:>4} | {lb}")
+        (na, la), (nb, lb) = find(skeleton, a, "skeleton"), find(script, b, "train.py")
+        out.append(f"[{i:>2}] skeleton {na:>4} | {la}")
+        out.append(f"     train.py {nb:>4} | {lb}")
     return "\n".join(out)
+
+
+class ShardSampler(Sampler[int]):
+    """Rank r evaluates samples r, r + W, r + 2W, ...: unlike ``DistributedSampler``, no sample is
+    repeated to even out the shards (counted twice); shards may differ by one sample."""
+
+    def __init__(self, n: int, rank: int, world_size: int) -> None:
+        self.indices = range(rank, n, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@torch.inference_mode()
+def local_eval_sums(
+    model: nn.Module, loader: DataLoader, device: torch.device, bf16: bool = False
+) -> torch.Tensor:
+    """``[sum of losses, number correct, number of samples]`` over this rank's loader (float64)."""
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+        sums[0] += loss
+        sums[1] += (logits.argmax(1) == y).sum()
+        sums[2] += len(y)
+    return sums
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    correct: int
+    total: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else float("nan")
+
+
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    batch_size: int = 256,
+    bf16: bool = False,
+) -> EvalResult:
+    """Evaluate ``model`` on ``dataset``: each rank its own shard, counts all-reduced, each sample once.
+
+    Pass the plain model (``ddp_model.module``) with the same weights and buffers on every rank
+    (:func:`sync_buffers`). Every rank must call it: it ends in a collective (none without a group).
+    """
+    # A generator of its own: creating a DataLoader iterator draws a seed from it, and drawing from
+    # the global one would change the training run's random stream (dropout) from then on.
+    sampler = ShardSampler(len(dataset), rank, world_size)
+    loader = DataLoader(dataset, batch_size, sampler=sampler, generator=torch.Generator())
+    was_training = model.training
+    sums = local_eval_sums(model.eval(), loader, device, bf16)
+    model.train(was_training)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(sums)  # [loss, correct, total] summed over the ranks
+    loss_sum, correct, total = sums.tolist()
+    return EvalResult(loss_sum / max(total, 1.0), int(correct), int(total))
+
+
+def sync_buffers(model: nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s buffers (BatchNorm running statistics) to every rank, before evaluating or
+    saving: DDP broadcasts them before each training forward, which then updates them per rank."""
+    if dist.is_available() and dist.is_initialized():
+        for b in model.buffers():
+            dist.broadcast(b, src)

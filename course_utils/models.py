@@ -24,12 +24,12 @@ class SmallCNN(nn.Module):
 
     def __init__(self, channels: int = 16, out_dim: int = 10, dropout: float = 0.25) -> None:
         super().__init__()
-        c = channels
 
         def block(cin: int, cout: int) -> nn.Sequential:
-            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
-                                 nn.ReLU(), nn.MaxPool2d(2))
+            conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+            return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
 
+        c = channels
         self.features = nn.Sequential(block(1, c), block(c, 2 * c))
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(2 * c * 7 * 7, out_dim))
 
@@ -37,12 +37,5 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x))
 
 
+#: The models of chapter 05's training script, by the name its ``--model`` flag takes.
 MODELS: dict[str, type[nn.Module]] = {"cnn": SmallCNN, "mlp": MLP}
-
-
-def build_model(name: str) -> nn.Module:
-    """A fresh model by name (``'cnn'`` or ``'mlp'``)."""
-    try:
-        return MODELS[name]()
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None

@@ -3,6 +3,7 @@ ranks, atomic checkpoints, exact resume, and (slow) the elastic restart with rea
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -17,32 +18,24 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from course_utils import ROOT
 from course_utils.ch05_full_pipeline import (
     CheckpointError,
-    MetricsWriter,
+    ShardSampler,
     TrainConfig,
     atomic_save,
     compare_lines,
-    confusion_matrix,
+    evaluate,
     format_config,
     get_rng_state,
     interrupted_save,
     load_checkpoint,
     load_splits,
+    local_eval_sums,
     max_abs_diff,
     padding_report,
     parse_config,
     read_metrics,
-    save_checkpoint,
-    seed_worker,
     set_rng_state,
 )
-from course_utils.dist import (
-    ShardSampler,
-    all_reduce_sums,
-    evaluate,
-    local_eval_sums,
-    shard_indices,
-)
-from course_utils.models import MLP, SmallCNN, build_model
+from course_utils.models import MLP, MODELS, SmallCNN
 
 SCRIPT = ROOT / "notebooks" / "scripts" / "train.py"
 
@@ -66,13 +59,13 @@ def test_defaults_and_flags():
 def test_bad_values_are_refused_by_argparse(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--model", "resnet"])
-    assert "unknown model 'resnet'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="val_fraction"):
+    assert "model must be one of cnn, mlp, got 'resnet'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="val_fraction must be between 0 and 1, got 1.5"):
         TrainConfig(val_fraction=1.5)
 
 
 def test_config_printout_has_no_machine_path():
-    text = format_config(TrainConfig(out_dir="/some/where/run1"), world_size=2, backend="gloo")
+    text = format_config(TrainConfig(out_dir="/some/where/run1"), world_size=2, global_batch=64, backend="gloo")
     assert "/some/where" not in text and ".../run1" in text
     assert "global_batch      64" in text and "backend           gloo" in text
     assert "runs/train" in format_config(TrainConfig())
@@ -81,13 +74,11 @@ def test_config_printout_has_no_machine_path():
 # ------------------------------------------------------------------------------------ models
 
 def test_models_by_name():
-    assert sum(p.numel() for p in build_model("mlp").parameters()) == 203_530  # the source's count
-    assert isinstance(build_model("mlp"), MLP) and isinstance(build_model("cnn"), SmallCNN)
+    assert sum(p.numel() for p in MLP().parameters()) == 203_530  # the source's count
+    assert MODELS == {"cnn": SmallCNN, "mlp": MLP}
     x = torch.zeros(4, 1, 28, 28)
-    for name in ("mlp", "cnn"):
-        assert build_model(name)(x).shape == (4, 10)
-    with pytest.raises(ValueError, match="choose one of cnn, mlp"):
-        build_model("vit")
+    for cls in MODELS.values():
+        assert cls()(x).shape == (4, 10)
 
 
 def test_splits_are_fixed_and_disjoint():
@@ -105,8 +96,9 @@ def test_splits_are_fixed_and_disjoint():
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [0, 1, 5, 359])
 def test_shards_cover_every_index_exactly_once(n, world):
-    seen = [i for r in range(world) for i in shard_indices(n, r, world)]
-    assert sorted(seen) == list(range(n))
+    shards = [list(ShardSampler(n, r, world)) for r in range(world)]
+    assert sorted(sum(shards, [])) == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
 def test_padding_report_counts_the_duplicate():
@@ -134,11 +126,9 @@ def test_metric_summed_over_shards_counts_each_sample_once(one_thread):
     padded = sum(local_eval_sums(model, DataLoader(data, batch_size=128, sampler=DistributedSampler(
         data, num_replicas=2, rank=r, shuffle=False)), dev) for r in range(2))
     assert padded[2].item() == 360  # the sampler's padding: one image counted twice
-
-
-def test_all_reduce_is_a_noop_without_a_process_group():
-    t = torch.tensor([1.0, 2.0])
-    assert all_reduce_sums(t) is t and t.tolist() == [1.0, 2.0]
+    alone = evaluate(model, data, 0, 1, dev)  # no process group: no collective
+    assert (alone.correct, alone.total) == (int(whole[1].item()), 359)
+    assert alone.loss == pytest.approx(whole[0].item() / 359, rel=1e-6) and not model.training
 
 
 def _eval_worker(rank: int, world: int, init: str, out: str) -> None:
@@ -175,11 +165,6 @@ def test_compare_lines_finds_each_fragment_and_refuses_drift():
     ]
     with pytest.raises(ValueError, match="'z' is not in train.py"):
         compare_lines("a", "b", [("a", "z")])
-
-
-def test_confusion_matrix():
-    cm = confusion_matrix(torch.tensor([0, 1, 1, 2]), torch.tensor([0, 1, 2, 2]), 3)
-    assert cm.tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -235,7 +220,7 @@ class _NotAllowed:
 
 
 def test_checkpoint_roundtrip_with_rng_states_and_weights_only(tmp_path):
-    model = build_model("mlp")
+    model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=10)
     model(torch.randn(2, 784)).sum().backward()
@@ -246,8 +231,9 @@ def test_checkpoint_roundtrip_with_rng_states_and_weights_only(tmp_path):
     random.seed(5)
     state = get_rng_state()
     expected = (torch.rand(3), np.random.rand(3), random.random())
-    save_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt, scheduler=sched, epoch=3,
-                    rng_states=[state], config=TrainConfig(model="mlp"))
+    atomic_save({"epoch": 3, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                 "scheduler": sched.state_dict(), "rng": [state],
+                 "config": dataclasses.asdict(TrainConfig(model="mlp"))}, tmp_path / "c.pt")
     ckpt = load_checkpoint(tmp_path / "c.pt", config=TrainConfig(model="mlp"))  # weights_only inside
     assert ckpt["epoch"] == 3 and ckpt["scheduler"]["last_epoch"] == 1
     assert max_abs_diff(ckpt["model"], model.state_dict()) == 0.0
@@ -257,39 +243,15 @@ def test_checkpoint_roundtrip_with_rng_states_and_weights_only(tmp_path):
 
 
 def test_resuming_with_another_configuration_is_refused(tmp_path):
-    atomic_save({"epoch": 1, "config": TrainConfig(model="mlp").to_dict()}, tmp_path / "last.pt")
+    atomic_save({"epoch": 1, "config": dataclasses.asdict(TrainConfig(model="mlp"))}, tmp_path / "last.pt")
     with pytest.raises(CheckpointError, match="model: 'mlp' -> 'cnn'"):
         load_checkpoint(tmp_path / "last.pt", config=TrainConfig(model="cnn"))
     assert load_checkpoint(tmp_path / "missing.pt") is None
 
 
 def test_max_abs_diff():
-    a = {"w": torch.zeros(3)}
-    assert max_abs_diff(a, {"w": torch.tensor([0.0, 0.5, -1.0])}) == 1.0
-    with pytest.raises(ValueError, match="different keys"):
-        max_abs_diff(a, {"v": torch.zeros(3)})
-
-
-# --------------------------------------------------------------------------- metrics, workers
-
-def test_metrics_writer_drops_rows_of_epochs_that_are_re_run(tmp_path):
-    path = tmp_path / "m.jsonl"
-    w = MetricsWriter(path)
-    for e in (1, 2, 3):
-        w.write({"epoch": e, "loss": 1.0 / e})
-    MetricsWriter(path, keep_through=2)  # resumed from the checkpoint of epoch 2
-    assert [r["epoch"] for r in read_metrics(path)] == [1, 2]
-    MetricsWriter(path)  # a fresh run starts an empty file
-    assert read_metrics(path) == []
-
-
-def test_seed_worker_seeds_numpy_and_random_from_torch():
-    torch.manual_seed(1234)
-    seed_worker(0)
-    a = (np.random.rand(), random.random())
-    torch.manual_seed(1234)
-    seed_worker(0)
-    assert (np.random.rand(), random.random()) == a
+    a = {"w": torch.zeros(3), "n": torch.tensor(2)}
+    assert max_abs_diff(a, {"w": torch.tensor([0.0, 0.5, -1.0]), "n": torch.tensor(2)}) == 1.0
 
 
 # ------------------------------------------------------------------------ the script itself
@@ -335,8 +297,12 @@ def world_of_one(monkeypatch, one_thread):
 def test_resume_after_interruption_equals_uninterrupted(world_of_one, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     world_of_one("--out-dir", a)
+    b.mkdir()
+    (b / "metrics.jsonl").write_text('{"epoch": 7}\n')  # an older run's: a fresh run drops it
     world_of_one("--out-dir", b, "--stop-after-epoch", 1)  # interrupted after epoch 1
     assert load_checkpoint(b / "last.pt")["epoch"] == 1 and not (b / "final.pt").exists()
+    with open(b / "metrics.jsonl", "a") as f:  # a row beyond the checkpoint: the resume drops it
+        f.write('{"epoch": 2, "train_loss": -1.0}\n')
     world_of_one("--out-dir", b)  # the same command again: resumes from epoch 1
     wa = torch.load(a / "final.pt", weights_only=True)
     wb = torch.load(b / "final.pt", weights_only=True)

@@ -32,19 +32,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from course_utils.data import digits_dataset
 from course_utils.device import seed_everything
 from course_utils.dist import cleanup, rprint, setup
-
-
-class MLP(nn.Module):
-    """The source's section 4.2 model: ``MLP(784, 256, 10)``, fc1 -> ReLU -> fc2."""
-
-    def __init__(self, in_dim: int, hidden: int, out_dim: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(in_dim, hidden)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(hidden, out_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(x.flatten(1))))
+from course_utils.models import MLP  # the source's section 4.2 model: fc1 -> ReLU -> fc2
 
 
 def train_worker(rank: int, world_size: int, epochs: int = 10, batch_size: int = 64, lr: float = 0.05,

@@ -21,6 +21,7 @@ backend exchanges its connection details through this store) and fail to connect
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -35,31 +36,36 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.ch05_full_pipeline import (
     CheckpointError,
-    MetricsWriter,
     TrainConfig,
     atomic_save,
-    epoch_seed,
+    evaluate,
     format_config,
     get_rng_state,
     load_checkpoint,
     load_splits,
     parse_config,
-    restart_count,
-    save_checkpoint,
-    seed_worker,
+    read_metrics,
     set_rng_state,
+    sync_buffers,
 )
 from course_utils.device import seed_everything
-from course_utils.dist import DistContext, cleanup, evaluate, rprint, setup, sync_buffers
-from course_utils.models import build_model
+from course_utils.dist import DistContext, cleanup, rprint, setup
+from course_utils.models import MODELS
 
 CRASH_EXIT_CODE = 13
 
 
 def log(ctx: DistContext, *args: object) -> None:
     """Print on rank 0 only (the other ranks hold the same numbers after the all-reduces)."""
-    if ctx.is_main:
+    if ctx.rank == 0:
         rprint(*args)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A text file written beside its place, then renamed over it: never seen half-written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class Refused(Exception):
@@ -67,16 +73,14 @@ class Refused(Exception):
 
 
 def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, path: Path) -> dict | None:
-    """Rank 0 alone decides whether to resume, and sends every rank what it loaded.
+    """Rank 0 alone decides whether to resume, and sends every rank what it loaded (a few MB).
 
-    Only rank 0 writes checkpoints, so on node-local disks the other nodes have no ``last.pt`` (or
-    an old one): if each rank decided for itself, one node would start from scratch while another
-    resumed, and the replicas and their collectives would no longer match. The checkpoint travels
-    to the other ranks through the process group instead (a few MB for the course's models).
-    A checkpoint that cannot be continued is refused once, by rank 0, and every rank stops.
+    Only rank 0 writes checkpoints, so on node-local disks the other nodes have no ``last.pt`` (or an
+    old one): ranks deciding alone could diverge. A checkpoint that cannot be continued is refused
+    once, by rank 0, and every rank stops.
     """
     found: list = [None]
-    if ctx.is_main:
+    if ctx.rank == 0:
         try:
             ckpt = load_checkpoint(path, map_location="cpu", config=cfg) if cfg.resume else None
             saved_world = len(ckpt["rng"]) if ckpt is not None else ctx.world_size
@@ -92,11 +96,12 @@ def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, path: Path) -> dict 
                 )
             found[0] = ("ok", ckpt)
         except Exception as exc:  # refused once, never a rank left waiting: a bad file, a flaky filesystem
-            found[0] = ("refused", str(exc) if isinstance(exc, CheckpointError) else f"{path} could not be read ({type(exc).__name__}: {exc}): move it away or pass --no-resume")
+            why = f"{path} could not be read ({type(exc).__name__}: {exc}): move it away or pass --no-resume"
+            found[0] = ("refused", str(exc) if isinstance(exc, CheckpointError) else why)
     dist.broadcast_object_list(found, src=0, device=ctx.device if ctx.backend == "nccl" else None)
     verdict, payload = found[0]
     if verdict == "refused":
-        if ctx.is_main:
+        if ctx.rank == 0:
             sys.stderr.write(f"error: {payload}\n")
         raise Refused(payload)
     return payload
@@ -106,23 +111,27 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     """The whole pipeline on this rank; returns the run's summary (the same on every rank)."""
     out = Path(cfg.out_dir)
     device = ctx.device
-    log(ctx, "config:\n" + format_config(cfg, ctx.world_size, ctx.backend))
+    rank0 = ctx.rank == 0
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's, on this node
+    log(ctx, "config:\n" + format_config(cfg, world_size=ctx.world_size,
+                                         global_batch=cfg.batch_size * ctx.world_size, backend=ctx.backend))
 
     # 1. Data: in-memory tensors, a held-out validation split, a DistributedSampler for training.
     splits = load_splits(cfg.val_fraction, cfg.seed)
     train_sampler = DistributedSampler(splits.train, num_replicas=ctx.world_size, rank=ctx.rank,
                                        shuffle=True, seed=cfg.seed)
+    # DataLoader seeds each worker (torch, random, NumPy) from a base seed drawn from loader_gen, which
+    # is reseeded every epoch: a resumed run's workers get the same seeds as the uninterrupted run's.
     loader_gen = torch.Generator()
     workers = cfg.num_workers
     train_loader = DataLoader(
         splits.train, batch_size=cfg.batch_size, sampler=train_sampler, num_workers=workers,
-        pin_memory=device.type == "cuda", worker_init_fn=seed_worker if workers else None,
-        generator=loader_gen, persistent_workers=False, timeout=60 if workers else 0,  # new workers each epoch
+        pin_memory=device.type == "cuda", generator=loader_gen, timeout=60 if workers else 0,
     )
 
     # 2. Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
     seed_everything(cfg.seed)
-    model = build_model(cfg.model).to(device)
+    model = MODELS[cfg.model]().to(device)
     ckpt = agree_on_checkpoint(cfg, ctx, out / "last.pt")
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
@@ -144,10 +153,14 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         extra = ckpt["extra"]
         elapsed, train_s, train_cpu_s = extra["elapsed_s"], extra["train_s"], extra["train_cpu_s"]
         set_rng_state(ckpt["rng"][ctx.rank])  # agree_on_checkpoint made sure there is one per rank
-        log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restart_count()})")
-    metrics = MetricsWriter(out / "metrics.jsonl", keep_through=start_epoch) if ctx.is_main else None
+        log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restarts})")
+    metrics = out / "metrics.jsonl"
+    if rank0:  # the rows of the epochs done: a re-run epoch is never written twice
+        out.mkdir(parents=True, exist_ok=True)
+        kept = [row for row in read_metrics(metrics) if row["epoch"] <= start_epoch]
+        write_atomically(metrics, "".join(json.dumps(row) + "\n" for row in kept))
 
-    show_bar = cfg.progress and ctx.is_main and sys.stderr.isatty()
+    show_bar = cfg.progress and rank0 and sys.stderr.isatty()
     if show_bar:
         from tqdm.auto import tqdm
     n_train = len(splits.train)
@@ -156,12 +169,12 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     for epoch in range(start_epoch, cfg.epochs):
         t0, c0 = time.perf_counter(), time.process_time()
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        loader_gen.manual_seed(epoch_seed(cfg.seed, epoch, ctx.rank))  # seeds of this epoch's workers
+        loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch * 1009 + ctx.rank)  # this epoch's workers
         model.train()
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of loss x n, n]
         bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
         for step, (images, labels) in enumerate(train_loader):
-            if (epoch + 1 == cfg.crash_at_epoch and ctx.rank == cfg.crash_rank and restart_count() == 0
+            if (epoch + 1 == cfg.crash_at_epoch and ctx.rank == cfg.crash_rank and restarts == 0
                     and step == len(train_loader) // 2):
                 rprint(f"rank {ctx.rank}: dying on purpose in epoch {epoch + 1}, step {step} (fault drill)")
                 os._exit(CRASH_EXIT_CODE)
@@ -199,18 +212,20 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         elapsed += time.perf_counter() - t0
         train_s += t_train
         train_cpu_s += c_train
-        if ctx.is_main:
-            save_checkpoint(out / "last.pt", model=model, optimizer=optimizer, scheduler=scheduler,
-                            epoch=epoch + 1, rng_states=rng_states, config=cfg,
-                            extra={"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s})
+        if rank0:  # epoch: the number of completed epochs, where the resumed loop starts
+            state = {"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "rng": rng_states, "config": dataclasses.asdict(cfg),
+                     "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
+            atomic_save(state, out / "last.pt")
             row = {"epoch": epoch + 1, "train_loss": train_loss, "last_batch_loss": last_batch_loss,
                    "val_loss": val.loss, "val_acc": val.accuracy, "val_correct": val.correct,
                    "val_total": val.total, "lr": scheduler.get_last_lr()[0], "train_s": train_s, "train_cpu_s": train_cpu_s,
                    "elapsed_s": elapsed, "samples_per_s": sums[1].item() / t_train,
-                   "restart": restart_count()}
+                   "restart": restarts}
             if test is not None:
                 row.update(test_acc=test.accuracy, test_loss=test.loss)
-            metrics.write(row)
+            with open(metrics, "a") as f:
+                f.write(json.dumps(row) + "\n")
             rprint(f"epoch {epoch + 1}/{cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val.loss:.4f}  "
                    f"val_acc {100 * val.accuracy:.2f}% ({val.correct}/{val.total})  ({t_train:.2f} s)")
         dist.barrier()
@@ -224,10 +239,9 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     summary = {"epochs": cfg.epochs, "test_acc": test.accuracy, "test_correct": test.correct,
                "test_total": test.total, "test_loss": test.loss, "train_s": train_s, "elapsed_s": elapsed,
                "world_size": ctx.world_size, "train_samples": n_train, "samples_per_s": cfg.epochs * n_train / max(train_s, 1e-9)}
-    if ctx.is_main:
+    if rank0:
         atomic_save(model.state_dict(), out / "final.pt")
-        (out / ".summary.json.tmp").write_text(json.dumps(summary, indent=1) + "\n")
-        os.replace(out / ".summary.json.tmp", out / "summary.json")
+        write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     log(ctx, f"test accuracy {100 * test.accuracy:.2f}% ({test.correct}/{test.total}), "
              f"test loss {test.loss:.4f}")
     log(ctx, f"training time {train_s:.1f} s over {cfg.epochs} epochs ({summary['samples_per_s']:.0f} samples per s)")
