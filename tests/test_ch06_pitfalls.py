@@ -1,5 +1,5 @@
-"""course_utils.ch06_pitfalls: every pitfall really goes wrong, every fix really works, and the
-ledger, summary table and switchboard behave. Fast except the tests marked slow (processes)."""
+"""course_utils.ch06_pitfalls: the ledger, the pieces the notebook and its workers use, the
+switchboard, and the chapter's scripts. Fast except the tests marked slow (processes)."""
 
 import os
 import pickle
@@ -9,12 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from course_utils import ROOT
 from course_utils import ch06_pitfalls as pitfalls
+from course_utils.data import reseed_rng, sampler_indices
+from course_utils.launch import SpawnFailed, spawn_bounded
+from course_utils.models import MLP
 
 # --------------------------------------------------------------------------- ledger and table
 
@@ -23,13 +28,12 @@ def test_ledger_records_and_builds_the_table(capsys):
     book = pitfalls.PitfallLedger()
     book.check("a", "first", "loss", bug=2.3, fix=0.25, bug_seen=True, fixed=True)
     book.check("b", "second", "count", bug=4, fix=1, bug_seen=True, fixed=True)
-    assert "first: loss: with the bug 2.3000, fixed 0.2500 (bug reproduced; fix works)" in capsys.readouterr().out
-    table = book.table()
-    assert table.all_ok and [r.key for r in table.results] == ["a", "b"]
-    text = repr(table)
-    assert text.splitlines()[0].split() == ["#", "pitfall", "measured", "with", "the", "bug", "fixed", "check"]
-    assert "2.3000" in text and "pass" in text
-    assert "<table>" in table._repr_html_() and "second" in table._repr_html_()
+    out = capsys.readouterr().out
+    assert "first: loss: with the bug 2.3000, fixed 0.2500 (bug reproduced; fix works)" in out
+    assert book.all_ok and list(book.rows) == ["a", "b"]
+    lines = book.table().splitlines()
+    assert lines[0].split() == ["#", "pitfall", "measured", "with", "the", "bug", "fixed", "check"]
+    assert set(lines[1]) == {"-", " "} and lines[2].split() == ["1", "first", "loss", "2.3000", "0.2500", "pass"]
 
 
 def test_ledger_fails_when_the_bug_does_not_happen_or_the_fix_does_not_work():
@@ -38,8 +42,7 @@ def test_ledger_fails_when_the_bug_does_not_happen_or_the_fix_does_not_work():
         book.check("a", "t", "m", bug=1, fix=1, bug_seen=False, fixed=True)
     with pytest.raises(AssertionError, match="the fix did not work"):
         book.check("b", "t", "m", bug=1, fix=1, bug_seen=True, fixed=False)
-    assert not book.table().all_ok  # failing rows are kept, and the table says FAIL
-    assert "FAIL" in repr(book.table())
+    assert not book.all_ok and "FAIL" in book.table()  # failing rows are kept, and say FAIL
 
 
 def test_rechecking_a_key_replaces_its_row():
@@ -47,7 +50,7 @@ def test_rechecking_a_key_replaces_its_row():
     book.check("a", "t", "m", bug=1, fix=0, bug_seen=True, fixed=True)
     book.check("b", "t2", "m", bug=1, fix=0, bug_seen=True, fixed=True)
     book.check("a", "t", "m", bug=2, fix=0, bug_seen=True, fixed=True)
-    assert [(r.key, r.bug) for r in book.results] == [("a", 2), ("b", 1)]
+    assert [(key, row[2]) for key, row in book.rows.items()] == [("a", "2"), ("b", "1")]
 
 
 def test_expect_error_records_and_reraises():
@@ -66,85 +69,64 @@ def test_expect_error_records_and_reraises():
 
 def test_formatting_is_stable():
     assert pitfalls._fmt(True) == "yes" and pitfalls._fmt(1438) == "1,438"
-    assert pitfalls._fmt(0.25) == "0.2500" and pitfalls._fmt(1.1e-16) == "1.100e-16" and pitfalls._fmt(0.0) == "0.0000"
-    assert pitfalls._fmt("hang") == "hang"
+    assert pitfalls._fmt(0.25) == "0.2500" and pitfalls._fmt(0.0) == "0.0000"
+    assert pitfalls._fmt(1.1e-16) == "1.100e-16" and pitfalls._fmt("hang") == "hang"
 
 
-# ------------------------------------------------------------------------------ the pitfalls
+# ------------------------------------------------------------------------------ the pieces
 
 
-def test_pitfall_1_layer_in_forward_never_trains():
-    bug, fix = pitfalls.layer_in_forward(buggy=True), pitfalls.layer_in_forward(buggy=False)
-    assert (bug.n_params, fix.n_params) == (200_960, 203_530)
+class LayerInForward(nn.Module):  # pitfall 1, as the notebook writes it
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 256)
+
+    def forward(self, x):
+        return nn.Linear(256, 10)(torch.relu(self.fc1(x)))
+
+
+def test_train_briefly_shows_a_layer_created_in_forward_never_trains():
+    torch.manual_seed(0)
+    bug = pitfalls.train_briefly(LayerInForward())
+    torch.manual_seed(0)
+    fix = pitfalls.train_briefly(MLP())
+    assert (bug.n_params, fix.n_params) == (200_960, 203_530) and len(fix.losses) == 40
     assert bug.losses[-1] > 2.0 and bug.same_input_diff > 0
     assert fix.losses[-1] < 0.6 * fix.losses[0] and fix.same_input_diff == 0
 
 
-def test_pitfall_2_sampler_orders():
-    shuffle = pitfalls.sampler_orders(40, mode="shuffle")
-    assert shuffle[0][0] == shuffle[0][1] and len(shuffle[0][0]) == 40  # every rank: all data, same order
-    per_rank = pitfalls.sampler_orders(40, mode="shuffle", seed_per_rank=True)
-    assert per_rank[0][0] != per_rank[0][1] and len(per_rank[0][0]) == 40
-    fixed = pitfalls.sampler_orders(40, mode="sampler+set_epoch")
-    no_epoch = pitfalls.sampler_orders(40, mode="sampler")
-    for orders in (fixed, no_epoch):
-        assert pitfalls.overlap(orders[0][0], orders[0][1]) == 0
-        assert sorted(orders[0][0] + orders[0][1]) == list(range(40))
-    assert no_epoch[0] == no_epoch[1]
-    assert pitfalls.same_position(fixed[0][0], fixed[1][0]) < 0.5
-    with pytest.raises(ValueError, match="mode must be"):
-        pitfalls.sampler_orders(4, mode="random")
+def test_batches_are_seeded_and_reshuffled_every_pass():
+    a, b = pitfalls.batches(10, 4, 5), pitfalls.batches(10, 4, 5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and all(len(x) == 4 for x in a)
+    assert sorted(torch.cat(a[:2]).tolist()) == sorted(set(torch.cat(a[:2]).tolist()))  # no repeat in a pass
 
 
-def test_pitfall_2_figure():
+def test_sampler_figure():
     import matplotlib
 
     matplotlib.use("Agg")
-    fig = pitfalls.sampler_figure(8)
-    assert len(fig.axes) == 3 and fig.axes[0].get_title()
     import matplotlib.pyplot as plt
 
+    orders = {f"epoch {e}": [sampler_indices(8, 2, epoch=e)] * 2 for e in range(3)}
+    fig = pitfalls.sampler_figure(orders)
+    assert [ax.get_title() for ax in fig.axes] == list(orders)
     plt.close(fig)
 
 
-def test_pitfall_3_eval_mode_effects():
-    model = pitfalls.switchboard_run().model
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    r = pitfalls.eval_mode_effects(model)
-    assert r.acc_eval_mode > 0.9 and r.acc_train_mode < r.acc_eval_mode - 0.1
-    assert r.bn_shift_train_mode > 0 and r.bn_shift_eval_mode == 0
-    assert r.logit_diff_train_mode > 0 and r.logit_diff_eval_mode == 0
-    assert r.saved_bytes_grad > 0 and r.saved_bytes_no_grad == 0
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # worked on copies
-
-
-def test_pitfall_4_device_mismatch_on_meta():
-    r = pitfalls.device_mismatch("meta")
-    assert r.model_device == r.input_device_after_ddp == "meta" and not r.real_ddp
-    assert "device" in r.labels_error and "device" in r.weights_error
-    assert r.bug_seen and r.fixed
+def test_ddp_forward_on_meta_breaks_the_loss_with_cpu_labels():
+    out, real = pitfalls.ddp_forward(torch.randn(4, 784), device="meta")
+    assert out.device.type == "meta" and not real
+    with pytest.raises(RuntimeError, match="device"):
+        F.cross_entropy(out, torch.zeros(4, dtype=torch.long))
+    assert F.cross_entropy(out, torch.zeros(4, dtype=torch.long, device="meta")).device.type == "meta"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_pitfall_4_device_mismatch_on_a_gpu():
-    r = pitfalls.device_mismatch()
-    assert r.real_ddp and r.input_device_after_ddp.startswith("cuda") and r.bug_seen and r.fixed
-
-
-def test_pitfall_5_grad_norms_and_accumulation():
-    no_zero, with_zero = pitfalls.grad_norms(3, zero_grad=False), pitfalls.grad_norms(3, zero_grad=True)
-    assert no_zero[2] / no_zero[0] == pytest.approx(3.0, rel=1e-5)
-    assert with_zero[0] == with_zero[2] == no_zero[0]
-    acc = pitfalls.accumulation_equivalence(k=4)
-    assert acc.max_grad_diff_scaled < 1e-12 and acc.max_param_diff_after_step < 1e-12
-    assert acc.max_grad_diff_unscaled > 0.1
-
-
-def test_no_sync_skips_all_reduces_but_not_the_gradient():
-    plain, g1 = pitfalls.no_sync_allreduce_calls(k=4, use_no_sync=False)
-    synced, g2 = pitfalls.no_sync_allreduce_calls(k=4, use_no_sync=True)
-    assert (plain, synced) == (4, 1) and torch.equal(g1, g2)
-    assert not torch.distributed.is_initialized()  # the one-process group was torn down
+def test_ddp_forward_on_a_gpu():
+    out, real = pitfalls.ddp_forward(torch.randn(4, 784))
+    assert real and out.device.type == "cuda" and not torch.distributed.is_initialized()
+    with pytest.raises(RuntimeError, match="device"):
+        F.cross_entropy(out, torch.zeros(4, dtype=torch.long))
 
 
 def test_single_process_group_refuses_nesting():
@@ -154,67 +136,46 @@ def test_single_process_group_refuses_nesting():
     assert not torch.distributed.is_initialized()
 
 
-def test_retain_graph_is_not_create_graph():
-    sd = pitfalls.second_derivative(2.0)
-    assert sd.first == 12.0 and sd.second_with_create_graph == 12.0
-    assert not sd.retain_graph_first_has_grad_fn and "does not require grad" in sd.retain_graph_error
-    assert sd.backward_twice_grad == 24.0
-
-
-def test_inplace_breaks_autograd():
-    err, grad = pitfalls.inplace_breaks_autograd(inplace=True)
-    assert "modified by an inplace operation" in err and grad is None
-    err, grad = pitfalls.inplace_breaks_autograd(inplace=False)
-    s = torch.sigmoid(torch.tensor([0.5, -1.0, 2.0]))
-    assert err == "" and torch.allclose(grad, 2 * s * (1 - s))
-
-
-def test_loss_sum_keeps_graphs_alive():
-    small = pitfalls.loss_sum_keeps_graph(use_item=False, steps=4)
-    large = pitfalls.loss_sum_keeps_graph(use_item=False, steps=8)
-    floats = pitfalls.loss_sum_keeps_graph(use_item=True, steps=8)
-    assert large.saved_bytes > 1.8 * small.saved_bytes and large.graph_nodes > small.graph_nodes
-    assert (floats.graph_nodes, floats.saved_bytes) == (0, 0)
-    assert floats.total == pytest.approx(large.total, abs=1e-3)
-    trained = pitfalls.loss_sum_keeps_graph(use_item=False, steps=8, train=True)
-    assert trained.graph_nodes > 8 and trained.saved_bytes < large.saved_bytes
-
-
-def test_graph_size_and_saved_bytes_basics():
+def test_graph_size_grows_with_a_running_loss_total():
     assert pitfalls.graph_size(3.0) == (0, 0)
     x = torch.ones(10, requires_grad=True)
     nodes, nbytes = pitfalls.graph_size((x.exp() * 2).sum())
     assert nodes >= 3 and nbytes >= 40
-    _, saved = pitfalls.saved_tensor_bytes(lambda: x.exp())
-    assert saved == 40
-    with torch.no_grad():
-        _, saved = pitfalls.saved_tensor_bytes(lambda: x.exp())
-    assert saved == 0
+    torch.manual_seed(0)
+    model, total, sizes = MLP(), 0.0, []
+    for _ in range(4):
+        total += F.cross_entropy(model(torch.rand(8, 784)), torch.zeros(8, dtype=torch.long))
+        sizes.append(pitfalls.graph_size(total))
+    assert sizes[3][0] > sizes[0][0] and sizes[3][1] > 3 * sizes[0][1]
+    total.backward()  # frees the saved tensors; the nodes stay chained
+    nodes, nbytes = pitfalls.graph_size(total)
+    assert nodes == sizes[3][0] and nbytes < sizes[3][1]
 
 
 def test_untrusted_checkpoint_runs_code_only_without_weights_only(tmp_path):
     path, marker = pitfalls.make_untrusted_checkpoint(tmp_path)
-    with pytest.raises(pickle.UnpicklingError, match="GLOBAL course_utils.ch06_pitfalls.leave_marker"):
+    match = "GLOBAL course_utils.ch06_pitfalls.leave_marker"
+    with pytest.raises(pickle.UnpicklingError, match=match):
         torch.load(path, weights_only=True)
     assert not marker.exists()
     loaded = torch.load(path, weights_only=False)
     assert marker.exists() and set(loaded) == {"model", "meta"}
 
 
-def test_worker_rngs_measured():
-    plain = pitfalls.worker_draws(reseed=False, num_workers=2, epochs=2, timeout=60)
-    for source in range(3):  # torch, random, numpy global: seeded per worker by PyTorch
-        assert plain.repeated_across_workers(source) == 0.0 and plain.repeated_across_epochs(source) == 0.0
-    assert plain.repeated_across_workers(3) == 1.0 and plain.repeated_across_epochs(3) == 1.0
-    fixed = pitfalls.worker_draws(reseed=True, num_workers=2, epochs=2, timeout=60)
-    assert fixed.repeated_across_workers(3) == 0.0 and fixed.repeated_across_epochs(3) == 0.0
+def test_augment_dataset_in_workers_and_reseed_rng():
+    def generator_draws(worker_init_fn):
+        loader = DataLoader(pitfalls.AugmentDataset(4), batch_size=None, num_workers=2, timeout=60,
+                            worker_init_fn=worker_init_fn)
+        return [[t.tolist() for t in loader] for _ in range(2)]
 
-
-def test_augment_dataset_in_the_main_process():
+    plain = generator_draws(None)
+    for epoch in plain:  # items 0, 1 from the two workers: torch, random, numpy differ; the Generator not
+        assert all(epoch[0][s] != epoch[1][s] for s in range(3)) and epoch[0][3] == epoch[1][3]
+    assert plain[0][0][3] == plain[1][0][3]  # and the same again next epoch
+    fixed = generator_draws(reseed_rng)
+    assert fixed[0][0][3] != fixed[0][1][3] and fixed[0][0][3] != fixed[1][0][3]
     ds = pitfalls.AugmentDataset(4)
-    a, b = ds[0], ds[1]
-    assert a.shape == (4,) and a.dtype == torch.float64 and a[3] != b[3]
-    assert len(ds) == 4 and len(pitfalls.AugmentDataset.SOURCES) == 4
+    assert ds[0].shape == (4,) and ds[0].dtype == torch.float64 and len(ds.SOURCES) == 4
 
 
 # ----------------------------------------------------------------------------- switchboard
@@ -237,11 +198,20 @@ def test_switchboard_each_mistake_shows():
 
 def test_switchboard_is_cached_deterministic_and_validates():
     a = pitfalls.switchboard_run(["no_zero_grad"])
-    assert pitfalls.switchboard_run(("no_zero_grad",)) is a  # cached, order and container do not matter
-    fresh = pitfalls._switchboard_cached.__wrapped__(("no_zero_grad",), 200, 20, 64, 0.1, 0)
+    assert pitfalls.switchboard_run(("no_zero_grad",)) is a  # cached; order and container do not matter
+    fresh = pitfalls._switchboard_cached.__wrapped__(("no_zero_grad",), 200, 20, 0)
     assert fresh.train_loss == a.train_loss  # the same numbers when recomputed
     with pytest.raises(ValueError, match="unknown mistake"):
         pitfalls.switchboard_run(["typo"])
+
+
+def test_switchboard_leaves_the_learners_random_stream_alone():
+    """The run seeds torch; the learner's generator is the same afterwards, computed or cached."""
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    pitfalls.switchboard_run(["no_zero_grad"], steps=4, eval_every=2)  # computed
+    pitfalls.switchboard_run(["no_zero_grad"], steps=4, eval_every=2)  # from the cache
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_switchboard_figure_summary_and_widget():
@@ -254,10 +224,9 @@ def test_switchboard_figure_summary_and_widget():
     assert [ax.get_xlabel() for ax in fig.axes] == ["step", "step"]
     assert "optimizer.zero_grad() forgotten" in fig._suptitle.get_text()
     plt.close(fig)
-    text = pitfalls.switchboard_summary()
-    assert text.splitlines()[1].startswith("no mistake") and text.splitlines()[2].startswith("with the mistakes")
-    overview = pitfalls.switchboard_overview()
-    assert len(overview.splitlines()) == 1 + 1 + len(pitfalls.SWITCHES)
+    text = pitfalls.switchboard_summary().splitlines()
+    assert text[1].startswith("no mistake") and text[2].startswith("with the mistakes")
+    assert len(pitfalls.switchboard_overview().splitlines()) == 1 + 1 + len(pitfalls.SWITCHES)
     fig = pitfalls.switchboard_figure(())
     assert len(fig.axes[0].lines) == 1  # only the clean run
     plt.close(fig)
@@ -271,14 +240,9 @@ def test_switchboard_figure_summary_and_widget():
 # ------------------------------------------------------------------------------ processes
 
 
-def test_checked_spawn_refuses_zero_processes():
-    with pytest.raises(ValueError, match="nprocs=0"):
-        pitfalls.checked_spawn(pitfalls.touch_worker, args=(0, "x"), nprocs=0)
-
-
 @pytest.mark.slow
-def test_spawn_bounded_runs_an_importable_worker(tmp_path):
-    assert pitfalls.spawn_bounded(pitfalls.touch_worker, args=(2, str(tmp_path)), nprocs=2, timeout=120) == 2
+def test_touch_worker_runs_under_spawn(tmp_path):
+    assert spawn_bounded(pitfalls.touch_worker, args=(2, str(tmp_path)), nprocs=2, timeout=120) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0-of-2", "rank1-of-2"]
 
 
@@ -287,14 +251,17 @@ def test_spawn_bounded_reports_a_main_module_function(tmp_path):
     # A function defined in a `python -c` program lives in a __main__ that a fresh process cannot
     # import: the same failure as a notebook-defined function.
     code = (
-        "from course_utils import pitfalls\n"
+        "from course_utils.launch import SpawnFailed, spawn_bounded\n"
         "def worker(rank, n):\n    pass\n"
-        "try:\n    pitfalls.spawn_bounded(worker, args=(2,), nprocs=2, timeout=120)\n"
-        "except pitfalls.SpawnFailed as e:\n    print('FAILED:', e)\n"
+        "try:\n    spawn_bounded(worker, args=(2,), nprocs=2, timeout=120)\n"
+        "except SpawnFailed as e:\n    print('FAILED:', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env)
     assert "FAILED: 2 of 2 child processes exited with code 1" in out.stdout, out.stdout + out.stderr
     assert "Can't get attribute 'worker'" in out.stdout
+    assert SpawnFailed.__module__ == "course_utils.launch"
 
 
 @pytest.mark.slow
@@ -383,49 +350,28 @@ def test_scripts_are_where_the_notebook_expects_them():
 
 def test_module_import_has_no_side_effects():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    code = "import sys; import course_utils.ch06_pitfalls; print('torch.distributed' in sys.modules and " \
-           "__import__('torch').distributed.is_initialized())"
+    code = ("import sys; import course_utils.ch06_pitfalls; print('torch.distributed' in sys.modules and "
+            "__import__('torch').distributed.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_digits_flat_shapes():
-    x, y, xt, yt = pitfalls.digits_flat()
-    assert x.shape == (1438, 784) and xt.shape == (359, 784) and y.dtype == torch.int64
-    assert np.isclose(float(x.max()), 1.0)
-    assert Path(pitfalls.__file__).name == "ch06_pitfalls.py"
-
-
-def test_helpers_leave_the_learners_random_stream_alone():
-    """A helper seeds torch to reproduce a pitfall, then gives the global RNG back as it was: the
-    learner's next cell draws the same numbers whether the helper ran, or its cached result was used."""
-    torch.manual_seed(123)
-    state = torch.get_rng_state()
-    pitfalls.layer_in_forward(buggy=False, steps=2)
-    pitfalls.sampler_orders(6, 2, 1, mode="shuffle")
-    pitfalls.switchboard_run(["no_zero_grad"], steps=4, eval_every=2)  # computed
-    pitfalls.switchboard_run(["no_zero_grad"], steps=4, eval_every=2)  # from the cache
-    pitfalls.grad_norms(2)
-    assert torch.equal(torch.get_rng_state(), state)
-
-
 def test_every_helper_that_seeds_torch_restores_the_global_rng():
-    """Source check over the package: a function that calls torch.manual_seed runs inside
-    torch.random.fork_rng (itself or through pitfalls' @_contained), or is a seeding function by name."""
+    """Source check over the package: a function that seeds torch's global generator runs inside
+    torch.random.fork_rng, or is a seeding function by name."""
     import ast
 
     import course_utils
 
-    allowed = {"seed_everything", "seed_worker", "loader_worker_init", "worker_init"}  # seeding is their job
+    allowed = {"seed_everything", "seed_worker", "worker_init"}  # seeding is their job
+    seeding = {"torch.manual_seed", "torch.random.manual_seed", "torch.default_generator.manual_seed"}
     offenders = []
     for path in sorted(Path(course_utils.__file__).parent.glob("*.py")):
         tree = ast.parse(path.read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef) or fn.name in allowed:
                 continue
-            src = ast.unparse(fn)
-            seeds = any(isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.manual_seed" for n in ast.walk(fn))
-            decorated = any(ast.unparse(d) == "_contained" for d in fn.decorator_list)
-            if seeds and not decorated and "fork_rng" not in src and fn.name != "wrapper":
+            calls = [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+            if seeding & set(calls) and "fork_rng" not in ast.unparse(fn):
                 offenders.append(f"{path.name}:{fn.lineno} {fn.name}")
     assert not offenders, "these seed torch's global RNG without restoring it: " + ", ".join(offenders)
