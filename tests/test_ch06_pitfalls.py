@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -354,24 +353,3 @@ def test_module_import_has_no_side_effects():
             "__import__('torch').distributed.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.stdout.strip() == "False", out.stderr
-
-
-def test_every_helper_that_seeds_torch_restores_the_global_rng():
-    """Source check over the package: a function that seeds torch's global generator runs inside
-    torch.random.fork_rng, or is a seeding function by name."""
-    import ast
-
-    import course_utils
-
-    allowed = {"seed_everything", "seed_worker", "worker_init"}  # seeding is their job
-    seeding = {"torch.manual_seed", "torch.random.manual_seed", "torch.default_generator.manual_seed"}
-    offenders = []
-    for path in sorted(Path(course_utils.__file__).parent.glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for fn in ast.walk(tree):
-            if not isinstance(fn, ast.FunctionDef) or fn.name in allowed:
-                continue
-            calls = [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)]
-            if seeding & set(calls) and "fork_rng" not in ast.unparse(fn):
-                offenders.append(f"{path.name}:{fn.lineno} {fn.name}")
-    assert not offenders, "these seed torch's global RNG without restoring it: " + ", ".join(offenders)

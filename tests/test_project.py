@@ -240,3 +240,24 @@ def test_widget_callbacks_leave_no_figure_open(name, monkeypatch):
     assert plt.get_fignums() == [], f"{name} left a figure open after {control.description} changed"
     assert any(isinstance(o, matplotlib.figure.Figure) for o in shown), f"{name} showed no figure"
     plt.close("all")
+
+
+def test_every_helper_that_seeds_torch_restores_the_global_rng():
+    """Source check over the package modules (the exercise engine restores every generator itself, tested in test_exercises.py): a function that seeds torch's global generator runs inside
+    torch.random.fork_rng, or is a seeding function by name."""
+    import ast
+
+    import course_utils
+
+    allowed = {"seed_everything"}  # seeding is their job
+    seeding = {"torch.manual_seed", "torch.random.manual_seed", "torch.default_generator.manual_seed"}
+    offenders = []
+    for path in sorted(Path(course_utils.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef) or fn.name in allowed:
+                continue
+            calls = [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+            if seeding & set(calls) and "fork_rng" not in ast.unparse(fn):
+                offenders.append(f"{path.name}:{fn.lineno} {fn.name}")
+    assert not offenders, "these seed torch's global RNG without restoring it: " + ", ".join(offenders)
