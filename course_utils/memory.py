@@ -11,19 +11,13 @@ import torch
 
 @dataclass
 class SavedLog:
-    """Tensors that autograd saved for backward while the context was open.
-
-    ``count`` counts every save; ``bytes`` counts each distinct tensor once (two ops that save
-    the same tensor keep one copy alive). Autograd saves a *reference*, not a copy, so a saved
-    tensor costs memory only if nothing else keeps it alive. ``held_bytes`` is the part that
-    shares memory with a tensor the caller said it holds anyway (the input batch, the weights);
-    ``extra_bytes`` is the rest: intermediate results kept alive only for the backward pass.
-    """
+    """Tensors autograd saved for backward while the context was open: ``count`` every save, ``bytes``
+    each distinct tensor once. A saved tensor is a reference, not a copy: ``held_bytes`` share memory with
+    tensors the caller holds anyway (inputs, weights), ``extra_bytes`` are kept alive only for backward."""
 
     count: int = 0
     bytes: int = 0
     held_bytes: int = 0
-    shapes: list[tuple[int, ...]] = field(default_factory=list)
     held_shapes: list[tuple[int, ...]] = field(default_factory=list)
     extra_shapes: list[tuple[int, ...]] = field(default_factory=list)
     _seen: set = field(default_factory=set, repr=False)
@@ -42,7 +36,6 @@ class SavedLog:
             self._seen.add(key)
             size = t.numel() * t.element_size()
             self.bytes += size
-            self.shapes.append(tuple(t.shape))
             if ptr in self._held:
                 self.held_bytes += size
                 self.held_shapes.append(tuple(t.shape))
@@ -52,13 +45,9 @@ class SavedLog:
 
 @contextmanager
 def count_saved_tensors(held: Iterable[torch.Tensor] = ()) -> Iterator[SavedLog]:
-    """Count the tensors autograd saves for backward inside the ``with`` block.
-
-    Uses ``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor an op
-    saves, and returns it unchanged (nothing is copied or moved). ``held`` lists the tensors the
-    program keeps anyway (inputs, parameters); a saved tensor that shares memory with one of them
-    (itself, a view, a ``detach()``) counts in ``held_bytes``, everything else in ``extra_bytes``.
-    """
+    """Count the tensors autograd saves inside the ``with`` block: ``saved_tensors_hooks``' pack hook sees
+    each one and returns it unchanged. A saved tensor sharing memory with one in `held` (itself, a view, a
+    ``detach()``) counts in ``held_bytes``, the others in ``extra_bytes``."""
     log = SavedLog(_held={t.untyped_storage().data_ptr() for t in held})
 
     def pack(t: torch.Tensor) -> torch.Tensor:
