@@ -12,8 +12,8 @@ The data set is ``course_utils.ch03_data_loading.SyntheticImages``: JPEG images 
 resembles a real image pipeline. The defaults are the notebook's settings, so that the two
 curves can be compared.
 
-The curve is measured in steady state (``course_utils.ch03_data_loading.measure_steady``): for each
-``num_workers``, one warm-up epoch whose first batch gives the start-up time (reported on its
+The curve is measured in steady state (``course_utils.ch03_data_loading.measure_throughput``): for
+each ``num_workers``, one warm-up epoch whose first batch gives the start-up time (reported on its
 own), then ``--repeats`` timed epochs with persistent workers; the table shows the median epoch
 and how much the repeats disagreed. The "once" column checks that every epoch delivered every
 image exactly once. ``--grid`` adds whole epochs, start-up included, for ``persistent_workers``
@@ -29,6 +29,7 @@ win a larger share of the CPU from them, and the curve keeps rising past the cor
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import sys
@@ -42,14 +43,10 @@ import torch  # noqa: E402
 from course_utils.ch03_data_loading import (
     REFERENCE_PATH,
     LoaderRun,
-    SteadyRun,
     SyntheticImages,
     curve_summary,
     format_runs,
-    format_steady,
-    measure_steady,
     measure_throughput,
-    reference_record,
 )
 from course_utils.device import busy_warning, cpu_cores, load_average
 
@@ -72,6 +69,31 @@ def grid(workers: list[int], prefetch: list[int]) -> list[tuple[int, bool, int |
             for pf in prefetch:
                 configs.append((w, persistent, pf))
     return configs
+
+
+def reference_record(runs: list[LoaderRun], settings: dict, load_before: float | None,
+                     load_after: float | None, busy: bool) -> dict:
+    """The JSON record of a reference curve: the machine, the load, the settings and the points."""
+    return {
+        "what": "DataLoader steady-state throughput against num_workers (benchmarks/loader_throughput.py)",
+        "machine": {
+            "cores": cpu_cores(),
+            "processor": platform.processor() or platform.machine(),
+            "system": f"{platform.system()} {platform.machine()}",
+            "python": platform.python_version(),
+            "torch": torch.__version__.split("+")[0],
+            "load_average_before": None if load_before is None else round(load_before, 2),
+            "load_average_after": None if load_after is None else round(load_after, 2),
+            "quiet": not busy,
+            "date": datetime.date.today().isoformat(),
+        },
+        "settings": settings,
+        "points": [
+            {"num_workers": r.num_workers, "images_per_s": round(r.items_per_s, 1),
+             "first_batch_s": round(r.first_batch_s, 3), "epoch_seconds": [round(s, 4) for s in r.epoch_seconds]}
+            for r in runs
+        ],
+    }
 
 
 def _load_text(load: float | None, cores: int) -> str:
@@ -117,22 +139,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print()
 
-    runs: list[SteadyRun] = []
+    runs: list[LoaderRun] = []
     with warnings.catch_warnings():
         # torch warns when num_workers exceeds the cores it counts; the table shows the effect instead
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         for w in args.workers:
-            runs.append(measure_steady(ds, w, batch_size=args.batch_size, repeats=args.repeats, timeout=args.timeout))
-            table = format_steady(runs).splitlines()
+            runs.append(measure_throughput(ds, w, batch_size=args.batch_size, epochs=args.repeats, timeout=args.timeout))
+            table = format_runs(runs).splitlines()
             print("\n".join(table if len(runs) == 1 else table[-1:]), flush=True)
         grid_runs: list[LoaderRun] = []
         if args.grid:
             print(f"\nwhole epochs, start-up included ({args.epochs} per configuration):")
+            print(f"{'workers':>7} {'persistent':>10} {'prefetch':>8}  once  seconds of each epoch")
             for w, persistent, pf in grid(args.workers, args.prefetch):
-                grid_runs.append(measure_throughput(ds, w, batch_size=args.batch_size, epochs=args.epochs,
-                                                    persistent_workers=persistent, prefetch_factor=pf, timeout=args.timeout))
-                table = format_runs(grid_runs).splitlines()
-                print("\n".join(table if len(grid_runs) == 1 else table[-1:]), flush=True)
+                kw = {"persistent_workers": persistent, "prefetch_factor": pf} if w else {}
+                r = measure_throughput(ds, w, batch_size=args.batch_size, epochs=args.epochs, warm_up=False,
+                                       timeout=args.timeout, **kw)
+                grid_runs.append(r)
+                pers, pf_text = ("yes" if persistent else "no", str(pf)) if w else ("-", "-")
+                print(f"{w:>7} {pers:>10} {pf_text:>8} {'yes' if r.each_item_once else 'NO':>5}  "
+                      + ", ".join(f"{t:.3f}" for t in r.epoch_seconds), flush=True)
 
     after = load_average()
     print(f"\nafter: {_load_text(after, cores)}\n")
@@ -157,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from course_utils.ch03_data_loading import load_reference, plot_curves
+        from course_utils.ch03_data_loading import plot_curves
 
-        ref = load_reference() if REFERENCE_PATH.exists() and not args.save_reference else None
+        ref = json.loads(REFERENCE_PATH.read_text()) if REFERENCE_PATH.exists() and not args.save_reference else None
         fig = plot_curves(runs, cores, ref)
         fig.savefig(args.plot, dpi=100, bbox_inches="tight")
         plt.close(fig)
