@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader
 
 from course_utils import ch03_data_loading as L
 from course_utils import data as DATA
-from course_utils import device as D
 from course_utils.data import image_paths, load_image
 from course_utils.exercises.ch03 import _as_workers
 
@@ -159,14 +158,6 @@ def test_delivery_counts():
 
 
 # ----------------------------------------------------------------- workers
-
-
-def test_one_main_thread():
-    assert D.cpu_cores() >= 1
-    before = torch.get_num_threads()
-    with D.one_main_thread():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
 
 
 def test_dataloader_itself_gives_workers_one_thread_and_seeds():
@@ -334,18 +325,6 @@ def test_to_tensor_matches_torchvision():
     rgb = Image.fromarray((np.arange(2 * 3 * 3) * 9 % 256).astype(np.uint8).reshape(2, 3, 3), mode="RGB")
     for img in (gray, rgb):
         assert torch.equal(L.to_tensor(img), ToTensor()(img))
-
-
-def test_cpu_load_line(monkeypatch):
-    monkeypatch.setattr(D.os, "getloadavg", lambda: (0.1, 0.0, 0.0), raising=False)
-    monkeypatch.setattr(D, "cpu_cores", lambda: 2)
-    assert D.cpu_load() == "load average 0.1 on 2 cores"
-    monkeypatch.setattr(D.os, "getloadavg", lambda: (1.9, 0.0, 0.0), raising=False)
-    assert "busy" not in D.cpu_load() and D.load_average() == 1.9  # busy means more than the cores
-    monkeypatch.setattr(D.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
-    assert "busy" in D.cpu_load()
-    assert D.busy_warning(5.0, 2).startswith("WARNING: this machine is busy: load average 5.0 on 2 cores")
-    assert D.busy_warning(2.0, 2) == D.busy_warning(None, 2) == ""
 
 
 # ----------------------------------------------------------------- measuring loaders

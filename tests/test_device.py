@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from course_utils import device as D
 from course_utils.device import describe, pick_device, seed_everything
 
 
@@ -47,3 +48,23 @@ def test_seed_everything_repeats_every_generator():
     assert draw() == a
     with pytest.raises(ValueError):
         seed_everything(-1)
+
+
+def test_one_main_thread():
+    assert D.cpu_cores() >= 1
+    before = torch.get_num_threads()
+    with D.one_main_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_cpu_load_line(monkeypatch):
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (0.1, 0.0, 0.0), raising=False)
+    monkeypatch.setattr(D, "cpu_cores", lambda: 2)
+    assert D.cpu_load() == "load average 0.1 on 2 cores"
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (1.9, 0.0, 0.0), raising=False)
+    assert "busy" not in D.cpu_load() and D.load_average() == 1.9  # busy means more than the cores
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
+    assert "busy" in D.cpu_load()
+    assert D.busy_warning(5.0, 2).startswith("WARNING: this machine is busy: load average 5.0 on 2 cores")
+    assert D.busy_warning(2.0, 2) == D.busy_warning(None, 2) == ""
