@@ -1,26 +1,6 @@
-"""Run a real distributed script on N local processes, from a notebook or a terminal, safely.
-
-A notebook cannot ``mp.spawn`` a function it defines, and ``torchrun`` is a terminal
-command. ``torchrun()`` starts PyTorch's own launcher (``python -m torch.distributed.run``)
-on a script file and watches it::
-
-    from course_utils.launch import torchrun, LaunchError, LaunchTimeout
-    result = torchrun("scripts/hello_dist.py", nproc=2, timeout=120)
-    result.returncode, result.elapsed, result.logs[0], result.logs[1]
-
-- A free rendezvous port every time (the OS picks it), so two jobs never collide.
-- ``OMP_NUM_THREADS=1`` (torchrun's default; the same numbers on any machine), ``COURSE_BACKEND`` (read by ``course_utils.dist``)
-  and ``PYTHONUNBUFFERED=1`` are set for the ranks.
-- Each rank writes to its own log files, so lines are never glued together. In Jupyter a
-  live widget shows progress (it leaves nothing that nbval compares) and, at the end, the
-  output is printed grouped by rank, in rank order. In a terminal, lines stream with a
-  ``[rank N]`` prefix.
-- A failing rank raises ``LaunchError`` (rank, exit code, last traceback lines, log path)
-  as soon as the launcher sees it; a job past ``timeout`` is killed, every process of it,
-  and raises ``LaunchTimeout``. Bad arguments are refused before anything starts.
-
-Command line: ``python -m course_utils launch SCRIPT --nproc 2 -- ARGS``.
-"""
+"""Start processes from a notebook or a terminal, safely: ``torchrun()`` runs a script on N ranks,
+``spawn_bounded()`` is ``mp.spawn`` with a deadline, ``child_stderr()`` keeps what children write.
+Command line: ``python -m course_utils launch SCRIPT --nproc 2 -- ARGS``."""
 
 from __future__ import annotations
 
@@ -29,8 +9,6 @@ import contextlib
 import html
 import os
 import re
-import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -44,32 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Environment variable that marks every process of one job (to find and stop them all).
-JOB_VAR = "COURSE_LAUNCH_ID"
-#: Seconds between two looks at the logs (the launcher's exit is seen at once where the
-#: system can say so, Linux pidfd; elsewhere at this interval).
-POLL_S = 0.1
-#: Seconds a process gets between SIGTERM and SIGKILL when a job is stopped.
-GRACE_S = 2.0
-#: Threads per rank (OMP_NUM_THREADS): fixed, so results do not depend on the core count.
-RANK_THREADS = 1
-#: How many lines of a failing rank's error output go into the exception message.
-TAIL_LINES = 12
+JOB_VAR = "COURSE_LAUNCH_ID"  # in the environment of every process of a job: to find them all
+POLL_S = 0.1  # seconds between two looks at the logs
+GRACE_S = 2.0  # seconds a process gets between SIGTERM and SIGKILL when a job is stopped
+TAIL_LINES = 12  # lines of a failing rank's error output quoted in the exception
 
-# Linux: the launcher gets SIGTERM if the process that started it dies (a killed or restarted
-# kernel), and then stops its ranks itself. Set in a tiny stdlib-only shim that execs the
-# launcher, because preexec_fn is unsafe in a threaded process such as a Jupyter kernel.
+# Linux: the launcher gets SIGTERM when its caller dies (a killed or restarted kernel) and stops its
+# ranks; set by a stdlib-only shim that execs it (preexec_fn is unsafe in a threaded kernel).
 _PDEATHSIG_SHIM = (
     "import ctypes, os, signal, sys\n"
-    "try:\n"
-    "    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
-    "except Exception:\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit('the process that started the launcher is gone')\n"
+    "try: ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
+    "except Exception: pass\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit('the caller of the launcher is gone')\n"
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
-
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _COLLATERAL = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|"
@@ -78,39 +44,21 @@ _COLLATERAL = re.compile(
 
 
 class LaunchError(RuntimeError):
-    """A rank of a distributed job failed (or the launcher itself did).
+    """A rank of a distributed job failed (or the launcher did). ``rank``: the one that failed by
+    itself (not one that only lost its peer or was stopped), the lowest of several that failed alike
+    (with the same error on every rank, the one named can vary; ``error`` does not); or None."""
 
-    Attributes: ``rank`` (None if no rank is to blame), ``exit_code``, ``log_dir``,
-    ``logs`` (stdout text per rank), ``stderr`` (stderr text per rank), ``elapsed`` (seconds
-    from the launcher's start to the end of the job), ``error`` (the last line of the failing
-    rank's error output, e.g. ``"ValueError: bad shape"``; "" if none).
+    rank: int | None = None
+    exit_code: int | None = None
+    error: str = ""  # the last line of its error output, e.g. "ValueError: bad shape"
+    logs: Sequence[str] = ()  # each rank's stdout (and `stderr`, its stderr)
+    stderr: Sequence[str] = ()
+    log_dir: str = ""
+    elapsed: float = 0.0  # seconds from the start to the end of the job
 
-    Which rank is named: the one that failed by itself (not one that only lost its peer or
-    was stopped by the launcher); among several that failed the same way, the lowest. When
-    every rank would hit the same error, the launcher may stop the slower ones before they
-    get there, so the rank named can vary from run to run; ``error`` does not.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        rank: int | None = None,
-        exit_code: int | None = None,
-        log_dir: str = "",
-        logs: Sequence[str] = (),
-        stderr: Sequence[str] = (),
-        elapsed: float = 0.0,
-        error: str = "",
-    ) -> None:
+    def __init__(self, message: str, **info: Any) -> None:
         super().__init__(message)
-        self.elapsed = elapsed
-        self.error = error
-        self.rank = rank
-        self.exit_code = exit_code
-        self.log_dir = log_dir
-        self.logs = list(logs)
-        self.stderr = list(stderr)
+        self.__dict__.update(info)
 
 
 class LaunchTimeout(LaunchError):
@@ -119,11 +67,8 @@ class LaunchTimeout(LaunchError):
 
 @dataclass
 class LaunchResult:
-    """What a finished job left: exit code, wall time, and each rank's output.
-
-    ``logs[r]`` is rank r's stdout, ``stderr[r]`` its stderr (last attempt when the job
-    was restarted; ``attempts`` holds the stdout of every attempt).
-    """
+    """A finished job: ``logs[r]`` is rank r's stdout, ``stderr[r]`` its stderr (of the last
+    attempt when the job was restarted; ``attempts`` holds every attempt's stdout)."""
 
     script: str
     nproc: int
@@ -141,462 +86,353 @@ class LaunchResult:
         return self.logs[rank].splitlines()
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def _in_notebook() -> bool:
     """True inside a Jupyter kernel (not a terminal, not a plain IPython shell)."""
-    if "IPython" not in sys.modules:
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover
-        return False
-    ip = get_ipython()
-    return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return "IPKernelApp" in getattr(shell, "config", {})
 
 
-def _strip_torch_prefix(line: str) -> str:
+def _strip(line: str) -> str:  # a rank's stderr line without the "[rankN]:" torch adds
     return _TORCH_RANK_PREFIX.sub("", line)
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
+def _write(stream: Any, lines: list[str]) -> None:
+    if lines:
+        stream.write("".join(line + "\n" for line in lines))
+        stream.flush()
 
 
 def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "an unknown exit code"
-    if code < 0:
-        text = f"exit code {code} ({_signal_name(code)}"
-        if code == -signal.SIGKILL:
-            text += ": killed, often because the machine ran out of memory"
-        return text + ")"
-    return f"exit code {code}"
+    if code is None or code >= 0:
+        return "an unknown exit code" if code is None else f"exit code {code}"
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    oom = ": killed, often because the machine ran out of memory" if code == -signal.SIGKILL else ""
+    return f"exit code {code} ({name}{oom})"
 
 
 class _Tail:
-    """Reads whole new lines from a growing file."""
+    """The whole lines of a growing file, read as they come."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pos = 0
-        self.buf = b""
+        self.path, self.pos, self.buf = path, 0, b""
         self.lines: list[str] = []
 
     def read(self, final: bool = False) -> list[str]:
-        new: list[str] = []
-        try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            size = self.pos
-        if size > self.pos:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read(size - self.pos)
-            self.pos += len(data)
-            self.buf += data
-            *whole, self.buf = self.buf.split(b"\n")
-            new = [w.decode("utf-8", "replace").rstrip("\r") for w in whole]
+        """The new whole lines (with `final`, an unfinished last line too)."""
+        with contextlib.suppress(OSError), open(self.path, "rb") as fh:
+            fh.seek(self.pos)
+            self.buf += fh.read()
+            self.pos = fh.tell()
+        *whole, self.buf = self.buf.split(b"\n")
         if final and self.buf:
-            new.append(self.buf.decode("utf-8", "replace").rstrip("\r"))
-            self.buf = b""
-        self.lines.extend(new)
+            whole, self.buf = [*whole, self.buf], b""
+        new = [w.decode("utf-8", "replace").rstrip("\r") for w in whole]
+        self.lines += new
         return new
 
     def text(self) -> str:
         return "".join(line + "\n" for line in self.lines)
 
 
-# ------------------------------------------------------------------ the job's processes
+class _Logs:
+    """Every attempt's (stdout, stderr) tails of every rank."""
 
+    def __init__(self, nproc: int) -> None:
+        self.nproc = nproc
+        self.attempts: dict[int, list[tuple[_Tail, _Tail]]] = {}
 
-def _proc_table() -> dict[int, tuple[int, bool]] | None:
-    """{pid: (ppid, is_zombie)} for this user's processes via /proc (None where there is none)."""
-    if not os.path.isdir("/proc/self"):
-        return None
-    table: dict[int, tuple[int, bool]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) < 2:
-            continue
-        table[int(name)] = (int(rest[1]), rest[0] == b"Z")
-    return table
+    def read(self, folders: Mapping[int, Path], final: bool = False) -> list[tuple]:
+        """New lines of `folders` (see attempt_dirs), as (attempt, rank, stdout, stderr) lines."""
+        for n in folders.keys() - self.attempts.keys():
+            ranks = [folders[n] / str(r) for r in range(self.nproc)]
+            self.attempts[n] = [(_Tail(d / "stdout.log"), _Tail(d / "stderr.log")) for d in ranks]
+        return [
+            (n, r, out.read(final), err.read(final))
+            for n in sorted(self.attempts)
+            for r, (out, err) in enumerate(self.attempts[n])
+        ]
 
+    def last(self) -> list[tuple[_Tail, _Tail]]:
+        """The last attempt's tails per rank; empty ones before any attempt."""
+        if self.attempts:
+            return self.attempts[max(self.attempts)]
+        return [(_Tail(Path(os.devnull)), _Tail(Path(os.devnull))) for _ in range(self.nproc)]
 
-def _has_marker(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return marker in fh.read()
-    except OSError:
-        return False
-
-
-def _ps_table() -> dict[int, tuple[int, bool]]:
-    try:
-        out = subprocess.run(
-            ["ps", "-A", "-o", "pid=,ppid=,stat="], capture_output=True, text=True, timeout=10
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    table = {}
-    for row in out.splitlines():
-        parts = row.split()
-        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
-            table[int(parts[0])] = (int(parts[1]), parts[2].startswith("Z"))
-    return table
-
-
-def _job_pids(proc: subprocess.Popen, job_id: str) -> set[int]:
-    """Live (non-zombie) processes of the job: marked by its environment variable or
-    descended from the launcher. Workers run in sessions of their own, so the launcher's
-    process group alone does not reach them."""
-    # Walk the launcher's descendants only while its pid is still ours (not yet reaped).
-    launcher_pid = proc.pid if proc.returncode is None else -1
-    table = _proc_table()
-    marker = f"{JOB_VAR}={job_id}\0".encode()
-    found: set[int] = set()
-    if table is None:
-        table = _ps_table()
-    else:
-        found = {pid for pid, (_, zombie) in table.items() if not zombie and _has_marker(pid, marker)}
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    stack = [launcher_pid]
-    while stack:
-        pid = stack.pop()
-        if pid in table and not table[pid][1]:
-            found.add(pid)
-        stack.extend(children.get(pid, []))
-    found.discard(os.getpid())
-    return found
+    def keep(self, log_dir: Path) -> None:
+        """Move the last attempt's logs to stable names: <log_dir>/rank<R>.{stdout,stderr}.log."""
+        for r, tails in enumerate(self.last() if self.attempts else []):
+            for tail, kind in zip(tails, ("stdout", "stderr"), strict=True):
+                with contextlib.suppress(OSError):  # (a rank that never started wrote none)
+                    os.replace(tail.path, log_dir / f"rank{r}.{kind}.log")
 
 
 def _alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
-    except OSError:
+        return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
+    except ProcessLookupError:
+        return False
+    except OSError:  # not ours to signal, or no /proc
         return True
 
 
-def _signal_all(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        for send in (os.killpg, os.kill):  # each worker leads its own process group
-            try:
-                if send is os.killpg and os.getpgid(pid) != pid:
-                    continue
-                send(pid, sig)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
+class _Torchrun:
+    """How the ranks are started: PyTorch's launcher, ``python -m torch.distributed.run``, in a
+    session of its own. The rest reads only ``nproc``, ``logs`` (the folder) and the methods below
+    (``output`` in torchrun's words), so another engine offering them (say, ranks forked from a
+    warm server) can take its place."""
 
-
-def _stop_job(proc: subprocess.Popen, job_id: str, grace: float = GRACE_S) -> None:
-    """SIGTERM every process of the job, SIGKILL what is left after `grace` seconds, reap the launcher."""
-    if os.name != "posix":  # pragma: no cover - the course runs on Linux and macOS
-        proc.kill()
-        proc.wait()
-        return
-    pids = _job_pids(proc, job_id)
-    if proc.poll() is None:
-        pids.add(proc.pid)
-    _signal_all(pids, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while time.monotonic() < end:
-        proc.poll()
-        if not any(_alive(p) for p in pids):
-            break
-        time.sleep(0.05)
-    for _ in range(5):  # a launcher in the middle of a restart may have started new workers
-        left = {p for p in pids | _job_pids(proc, job_id) if _alive(p)}
-        if not left:
-            break
-        _signal_all(left, signal.SIGKILL)
-        pids = left
-        time.sleep(0.05)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
-
-
-# ------------------------------------------------------------------------ live display
-
-
-class _Widget:
-    """A live HTML widget in Jupyter; replaced by an empty output when the job ends.
-
-    Its display carries no text/plain (only the widget view, which nbval skips), and it
-    is emptied at the end, so the stored notebook keeps nothing that varies.
-    """
-
-    def __init__(self, title: str, nproc: int) -> None:
-        import ipywidgets
-        from IPython.display import display
-
-        self.title, self.nproc = title, nproc
-        self.widget = ipywidgets.HTML(value=self._html("starting", {}))
-        bundle = self.widget._repr_mimebundle_()
-        bundle = {k: v for k, v in bundle.items() if k != "text/plain"}
-        self.display_id = uuid.uuid4().hex
-        display(bundle, raw=True, display_id=self.display_id)
-        self.last = 0.0
-
-    def _html(self, status: str, tails: Mapping[int, list[str]]) -> str:
-        rows = []
-        for r in range(self.nproc):
-            lines = tails.get(r, [])
-            text = html.escape("\n".join(lines[-3:])) or "&nbsp;"
-            rows.append(
-                f"<tr><td style='vertical-align:top;padding-right:1em'><b>rank {r}</b></td>"
-                f"<td><pre style='margin:0'>{text}</pre></td></tr>"
-            )
-        return (
-            f"<div><b>{html.escape(self.title)}</b>: {html.escape(status)}"
-            f"<table>{''.join(rows)}</table></div>"
-        )
-
-    def due(self) -> bool:
-        """At most four refreshes a second."""
-        return time.monotonic() - self.last >= 0.25
-
-    def update(self, status: str, tails: Mapping[int, list[str]]) -> None:
-        self.last = time.monotonic()
-        value = self._html(status, tails)
-        if value != self.widget.value:
-            self.widget.value = value
-
-    def close(self) -> None:
-        from IPython.display import update_display
-
-        try:
-            update_display({}, raw=True, display_id=self.display_id)
-        finally:
-            self.widget.close()
-
-
-# ------------------------------------------------------------------------------- job
-
-
-class _Job:
-    """One run of the launcher: its process, its log files, what to show."""
-
-    def __init__(self, cmd: list[str], cwd: Path, env: dict[str, str], log_dir: Path,
-                 nproc: int, mode: str, title: str, job_id: str) -> None:
-        self.nproc, self.mode, self.log_dir, self.job_id = nproc, mode, log_dir, job_id
-        self.tl_dir = log_dir / "torchrun"
-        self.launcher_log = log_dir / "launcher.log"
-        self.attempts: dict[int, list[tuple[_Tail, _Tail]]] = {}
-        self.widget: _Widget | None = None
-        if mode == "notebook":
-            try:
-                self.widget = _Widget(title, nproc)
-            except Exception:  # no ipywidgets / no frontend: the final print still comes
-                self.widget = None
+    def __init__(
+        self, script: str, nproc: int, argv: list, restarts: int, cwd: Path, env: dict, logs: Path
+    ) -> None:
+        self.nproc, self.logs, self.job_id = nproc, logs, env[JOB_VAR]
+        if restarts > 0:
+            # Restarted ranks otherwise read the previous attempt's keys from the shared rendezvous
+            # store and fail to connect or hang (pytorch/pytorch#135712).
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        # --standalone: c10d rendezvous on localhost:0, a free port chosen by the OS every time
+        opts = f"--standalone --nnodes 1 --nproc-per-node {nproc} --max-restarts {restarts} "
+        opts += "--redirects 3 --shutdown-timeout 5"
+        cmd = [sys.executable, "-m", "torch.distributed.run", *opts.split()]
+        cmd += ["--log-dir", str(logs / "torchrun"), script, *argv]
         if sys.platform.startswith("linux"):
             cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
-        try:
-            with open(self.launcher_log, "wb") as fh:
-                self.t0 = time.monotonic()
-                self.proc = subprocess.Popen(
-                    cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                )
-        except BaseException:
-            self.close_widget()
-            raise
-        self.pidfd = -1
-        if hasattr(os, "pidfd_open"):
-            try:
-                self.pidfd = os.pidfd_open(self.proc.pid)
-            except OSError:  # an old kernel: poll instead
-                self.pidfd = -1
+        with open(logs / "launcher.log", "wb") as out:
+            kw = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": subprocess.STDOUT}
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True, **kw)
 
-    def wait_exit(self, seconds: float) -> None:
-        """Sleep up to `seconds`, waking as soon as the launcher exits."""
-        if self.pidfd >= 0:
-            select.select([self.pidfd], [], [], seconds)
-        else:
-            time.sleep(seconds)
+    def poll(self) -> int | None:
+        return self.proc.poll()
 
-    def close_pidfd(self) -> None:
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
+    def wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking (within 50 ms) when the launcher exits."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(seconds)
 
-    # logs -------------------------------------------------------------------------
-    def _find_attempts(self) -> None:
-        try:
-            runs = [d for d in os.scandir(self.tl_dir) if d.is_dir()]
-        except OSError:
+    def attempt_dirs(self) -> dict[int, Path]:
+        """{attempt: its folder, with <rank>/stdout.log and <rank>/stderr.log}; restarts add one."""
+        folders = (self.logs / "torchrun").glob("*/attempt_*")
+        return {int(d.name[8:]): d for d in folders if d.name[8:].isdigit()}
+
+    def output(self) -> str:
+        """What the launcher itself wrote (its summary of the failures, ...)."""
+        return (self.logs / "launcher.log").read_text(errors="replace")
+
+    def pids(self) -> set[int]:
+        """Live processes of the job (workers run in sessions of their own: the launcher's process
+        group misses them). Linux: those whose environment holds its JOB_VAR (a zombie's shows
+        none), orphans too. Elsewhere: the launcher's descendants, as ``ps`` lists them."""
+        found: set[int] = set()
+        if os.path.isdir("/proc/self"):
+            marker = f"{JOB_VAR}={self.job_id}\0".encode()
+            for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
+                with contextlib.suppress(OSError):
+                    if marker in Path(f"/proc/{pid}/environ").read_bytes():
+                        found.add(pid)
+            return found - {os.getpid()}
+        children: dict[int, list[int]] = {}
+        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+            ps = ["ps", "-A", "-o", "pid=,ppid=,stat="]
+            rows = subprocess.run(ps, capture_output=True, text=True, timeout=10).stdout
+            for row in rows.splitlines():
+                pid, ppid, state = row.split()[:3]
+                if not state.startswith("Z"):
+                    children.setdefault(int(ppid), []).append(int(pid))
+        stack = [self.proc.pid] if self.poll() is None else []  # its pid is ours until reaped
+        while stack:
+            found.add(pid := stack.pop())
+            stack.extend(children.get(pid, []))
+        return found
+
+    def stop(self) -> None:
+        """SIGTERM every process of the job, SIGKILL what is left after GRACE_S."""
+        if os.name != "posix":  # pragma: no cover - the course runs on Linux and macOS
+            self.proc.kill()
             return
-        for run in runs:
-            for a in os.scandir(run.path):
-                if a.name.startswith("attempt_") and a.name[8:].isdigit():
-                    n = int(a.name[8:])
-                    if n not in self.attempts:
-                        base = Path(a.path)
-                        self.attempts[n] = [
-                            (_Tail(base / str(r) / "stdout.log"), _Tail(base / str(r) / "stderr.log"))
-                            for r in range(self.nproc)
-                        ]
-                        if n > 0 and self.mode == "terminal":
-                            print(f"[launcher] restarting the job (attempt {n})", flush=True)
+        pids = self.pids() | ({self.proc.pid} if self.poll() is None else set())  # not reaped
+        # SIGKILL more than once: a launcher in the middle of a restart may start new workers.
+        for sig in [signal.SIGTERM] + [signal.SIGKILL] * 5:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    if os.getpgid(pid) == pid:  # each worker leads its own process group
+                        os.killpg(pid, sig)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            end = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else 0.05)
+            while any(map(_alive, pids)) and time.monotonic() < end:
+                time.sleep(0.05)
+                self.poll()  # reaps the launcher once it has exited
+            pids = {p for p in pids | self.pids() if _alive(p)}
+            if not pids:
+                break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
 
-    def pump(self, final: bool = False) -> None:
-        """Read new lines of every rank; stream them (terminal) or refresh the widget."""
-        self._find_attempts()
-        for n in sorted(self.attempts):
-            for r, (out, err) in enumerate(self.attempts[n]):
-                new_out, new_err = out.read(final), err.read(final)
-                if self.mode == "terminal":
-                    if new_out:
-                        sys.stdout.write("".join(f"[rank {r}] {line}\n" for line in new_out))
-                        sys.stdout.flush()
-                    if new_err:
-                        sys.stderr.write(
-                            "".join(f"[rank {r}] {_strip_torch_prefix(line)}\n" for line in new_err)
-                        )
-                        sys.stderr.flush()
-        if self.widget is not None and self.widget.due():
-            tails = {r: (o.lines[-3:] + [_strip_torch_prefix(x) for x in e.lines[-3:]])[-3:]
-                     for r, (o, e) in enumerate(self.last_attempt())}
-            n = max(self.attempts) if self.attempts else 0
-            status = f"running, {time.monotonic() - self.t0:.0f} s"
-            if n:
-                status += f" (attempt {n})"
-            self.widget.update(status, tails)
 
-    def last_attempt(self) -> list[tuple[_Tail, _Tail]]:
-        if not self.attempts:
-            return [(_Tail(Path(os.devnull)), _Tail(Path(os.devnull))) for _ in range(self.nproc)]
-        return self.attempts[max(self.attempts)]
+def _supervise(job: _Torchrun, display: _Quiet, timeout: float | None) -> tuple:
+    """Watch the job until it exits or `timeout` passes, then stop every process of it (the whole
+    job, or what it left running); on an interrupt too. Returns (exit code|None, seconds, logs)."""
+    logs, t0 = _Logs(job.nproc), time.monotonic()
+    deadline = t0 + timeout if timeout is not None else float("inf")
+    try:
+        while (rc := job.poll()) is None and time.monotonic() < deadline:
+            display.show(logs, logs.read(job.attempt_dirs()))
+            job.wait(max(0.0, min(POLL_S, deadline - time.monotonic())))
+        elapsed = time.monotonic() - t0
+        job.stop()
+    except BaseException:  # KeyboardInterrupt (a kernel interrupt) or an error of ours
+        for _ in range(3):  # a second interrupt while stopping must not leave orphans
+            with contextlib.suppress(KeyboardInterrupt):
+                job.stop()
+                break
+        display.end(logs, None)
+        raise
+    display.show(logs, logs.read(job.attempt_dirs(), final=True))
+    logs.keep(job.logs)
+    display.end(logs, "timeout" if rc is None else "failure" if rc else "ok")
+    return rc, elapsed, logs
 
-    def stdout(self) -> list[str]:
-        return [o.text() for o, _ in self.last_attempt()]
 
-    def stderr(self) -> list[str]:
-        return [e.text() for _, e in self.last_attempt()]
+class _Quiet:
+    """How a job is shown: not at all (``show=False``). The other displays override these."""
 
-    def flat_logs(self) -> None:
-        """Give the last attempt's logs stable names: <log_dir>/rank<R>.{stdout,stderr}.log."""
-        if not self.attempts:
+    def show(self, logs: _Logs, new: list[tuple]) -> None:
+        """After every look at the logs: `new` lines as (attempt, rank, stdout, stderr)."""
+
+    def end(self, logs: _Logs, outcome: str | None) -> None:
+        """Once the job is over: "ok", "failure", "timeout", or None if it stopped early."""
+
+
+class _Terminal(_Quiet):
+    """Every line as it comes, with a ``[rank N]`` prefix; the ranks' stderr to stderr."""
+
+    attempt = 0
+
+    def show(self, logs: _Logs, new: list[tuple]) -> None:
+        for n, r, out, err in new:
+            if n > self.attempt:
+                self.attempt = n
+                print(f"[launcher] restarting the job (attempt {n})", flush=True)
+            _write(sys.stdout, [f"[rank {r}] {line}" for line in out])
+            _write(sys.stderr, [f"[rank {r}] {_strip(line)}" for line in err])
+
+
+class _Notebook(_Quiet):
+    """Jupyter: a live widget (shown without text/plain, which nbval skips, and emptied at the end),
+    then the output grouped by rank, in rank order (after a failure or a timeout, to stderr)."""
+
+    refresh_s = 0.25  # at most four refreshes a second
+
+    def __init__(self, title: str) -> None:
+        self.title, self.t0, self.last = title, time.monotonic(), 0.0
+        self.widget = self.display_id = None
+
+    def _html(self, status: str, ranks: list[tuple[_Tail, _Tail]]) -> str:
+        rows = ""
+        for r, (out, err) in enumerate(ranks):
+            last = (out.lines[-3:] + [_strip(x) for x in err.lines[-3:]])[-3:]
+            text = html.escape("\n".join(last)) or "&nbsp;"
+            rows += f"<tr><td style='vertical-align:top'><b>rank {r}</b></td>"
+            rows += f"<td><pre style='margin:0'>{text}</pre></td></tr>"
+        return f"<b>{html.escape(self.title)}</b>: {html.escape(status)}<table>{rows}</table>"
+
+    def show(self, logs: _Logs, new: list[tuple]) -> None:
+        if self.display_id is None:  # the first look (inside _supervise, which cleans up)
+            self.display_id = uuid.uuid4().hex
+            with contextlib.suppress(Exception):  # no ipywidgets or no frontend: no live view
+                import ipywidgets
+                from IPython.display import display
+
+                widget = ipywidgets.HTML(self._html("starting", logs.last()))
+                bundle = {k: v for k, v in widget._repr_mimebundle_().items() if k != "text/plain"}
+                display(bundle, raw=True, display_id=self.display_id)
+                self.widget = widget
+        if self.widget is None or time.monotonic() - self.last < self.refresh_s:
             return
-        for r, (out, err) in enumerate(self.last_attempt()):
-            for tail, kind in ((out, "stdout"), (err, "stderr")):
-                dst = self.log_dir / f"rank{r}.{kind}.log"
-                dst.unlink(missing_ok=True)  # a log_dir used before keeps only this job's
-                if tail.path.exists():
-                    try:
-                        os.link(tail.path, dst)
-                    except OSError:
-                        shutil.copyfile(tail.path, dst)
+        self.last = time.monotonic()
+        n = max(logs.attempts, default=0)
+        status = f"running, {self.last - self.t0:.0f} s" + (f" (attempt {n})" if n else "")
+        self.widget.value = self._html(status, logs.last())  # (an unchanged value sends nothing)
 
-    def close_widget(self) -> None:
+    def end(self, logs: _Logs, outcome: str | None) -> None:
         if self.widget is not None:
-            widget, self.widget = self.widget, None
-            try:
-                widget.close()
-            except Exception:
-                pass
+            from IPython.display import update_display
 
-    # diagnosis --------------------------------------------------------------------
-    def launcher_text(self) -> str:
-        try:
-            return self.launcher_log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def show_grouped(self, stream) -> None:
-        """Every attempt's output, grouped by rank in rank order."""
-        chunks = []
-        several = len(self.attempts) > 1
-        for n in sorted(self.attempts):
-            if several:
-                chunks.append(f"--- attempt {n} ---\n")
-            for r, (out, _) in enumerate(self.attempts[n]):
-                chunks.extend(f"[rank {r}] {line}\n" for line in out.lines)
-        if chunks:
-            stream.write("".join(chunks))
-            stream.flush()
-
-    def show_errors(self, stream) -> None:
-        chunks = []
-        for r, (_, err) in enumerate(self.last_attempt()):
-            chunks.extend(f"[rank {r}] {_strip_torch_prefix(line)}\n" for line in err.lines)
-        if chunks:
-            stream.write("".join(chunks))
-            stream.flush()
+            with contextlib.suppress(Exception):
+                update_display({}, raw=True, display_id=self.display_id)
+                self.widget.close()
+            self.widget = None
+        grouped = []
+        for n, ranks in sorted(logs.attempts.items()):
+            grouped += [f"--- attempt {n} ---"] if len(logs.attempts) > 1 else []
+            grouped += [f"[rank {r}] {x}" for r, (out, _) in enumerate(ranks) for x in out.lines]
+        errs = [f"[rank {r}] {_strip(x)}" for r, (_, e) in enumerate(logs.last()) for x in e.lines]
+        if outcome == "ok":
+            _write(sys.stdout, grouped)
+            _write(sys.stderr, errs)
+        elif outcome is not None:
+            sys.stderr.write(f"[launcher] what the ranks printed before the {outcome}:\n")
+            _write(sys.stderr, grouped + (errs if outcome == "timeout" else []))
 
 
 def _failures(launcher_text: str) -> tuple[dict[int, int], int | None]:
     """Parse torchrun's failure summary: ({rank: exit code}, root-cause rank)."""
     pattern = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-    failures: dict[int, int] = {}
-    root = None
     head, sep, tail = launcher_text.rpartition("Root Cause")
-    for m in pattern.finditer(head if sep else launcher_text):
-        failures[int(m.group(1))] = int(m.group(2))
-    if sep:
-        m = pattern.search(tail)
-        if m:
-            root = int(m.group(1))
-            failures[root] = int(m.group(2))
+    failures = {int(m[1]): int(m[2]) for m in pattern.finditer(head if sep else launcher_text)}
+    root = None
+    if sep and (m := pattern.search(tail)):
+        root, failures[int(m[1])] = int(m[1]), int(m[2])
     return failures, root
 
 
 def _error_tail(lines: Sequence[str], n: int = TAIL_LINES) -> list[str]:
-    lines = [_strip_torch_prefix(x) for x in lines]
-    lines = [x for x in lines if x.strip()]
+    """The last `n` non-blank lines of a rank's stderr, from its last traceback on."""
+    lines = [x for x in map(_strip, lines) if x.strip()]
     starts = [i for i, x in enumerate(lines) if x.startswith("Traceback (most recent call last)")]
-    if starts:
-        lines = lines[starts[-1]:]
-    return lines[-n:]
+    return lines[starts[-1] if starts else 0 :][-n:]
 
 
 def _blame(failures: dict[int, int], root: int | None, stderr: list[list[str]]) -> int | None:
-    """The rank to name: a real failure rather than one that only followed another rank's crash.
+    """The rank to name: one that failed by itself, the lowest of several that failed alike."""
 
-    When several ranks failed with the same last error line, the lowest one (deterministic)."""
     def last_line(r: int) -> str:
-        tail = _error_tail(stderr[r]) if r < len(stderr) else []
-        return tail[-1] if tail else ""
-
-    def collateral(r: int) -> bool:
-        code = failures.get(r)
-        return code == -signal.SIGTERM or bool(_COLLATERAL.search(last_line(r)))
+        return ([""] + _error_tail(stderr[r] if r < len(stderr) else []))[-1]
 
     if not failures:
-        with_tb = [r for r in range(len(stderr)) if any("Traceback" in x for x in stderr[r])]
-        return min(with_tb) if with_tb else None
-    genuine = sorted(r for r in failures if not collateral(r))
+        return min((r for r, e in enumerate(stderr) if "Traceback" in "\n".join(e)), default=None)
+    genuine = [r for r in sorted(failures) if failures[r] != -signal.SIGTERM]
+    genuine = [r for r in genuine if not _COLLATERAL.search(last_line(r))]
     if not genuine:
         return root if root is not None else min(failures)
-    if len({last_line(r) for r in genuine}) == 1:
+    if len({last_line(r) for r in genuine}) == 1 or root not in genuine:
         return genuine[0]
-    return root if root in genuine else genuine[0]
+    return root
 
 
-# --------------------------------------------------------------------------------- API
+def _failure(job: _Torchrun, rc: int, script: str, nproc: int, **info: Any) -> LaunchError:
+    """The error of a failed job: the rank to blame with its traceback, or the launcher's output."""
+    failures, root = _failures(job.output())
+    rank = _blame(failures, root, [e.splitlines() for e in info["stderr"]])
+    where = info["log_dir"]
+    if rank is None:
+        code, error = rc, ""
+        tail = [x for x in job.output().splitlines() if x.strip()][-TAIL_LINES:]
+        head = f"the launcher failed ({_describe_exit(rc)}) running {script} before any rank "
+        head += "reported an error. Its last lines:"
+        foot = f"Logs: {where}"
+    else:
+        code, tail = failures.get(rank), _error_tail(info["stderr"][rank].splitlines())
+        head = f"rank {rank} of {nproc} failed with {_describe_exit(code)} running {script}\n"
+        head += "Last lines of its error output:"
+        log = Path(where, f"rank{rank}.stderr.log")
+        foot = f"Its full log: {log} (every rank's logs are in {where})"
+        error = (tail or [""])[-1]
+    shown = "\n".join("    " + x for x in tail) if tail else "    (it wrote nothing to stderr)"
+    return LaunchError(f"{head}\n{shown}\n{foot}", rank=rank, exit_code=code, error=error, **info)
 
 
 def torchrun(
@@ -610,245 +446,122 @@ def torchrun(
     show: bool = True,
     *,
     cwd: str | os.PathLike | None = None,
-    log_dir: str | os.PathLike | None = None,
 ) -> LaunchResult:
-    """Run `script` on `nproc` local processes with ``python -m torch.distributed.run``.
-
-    - `script`: relative to `cwd` (default: the current directory; a notebook's is
-      ``notebooks/``); `args`: the script's command-line arguments.
-    - `backend`: None means ``COURSE_BACKEND`` if set, else ``course_utils.dist.choose_backend``
-      (nccl with a GPU per rank, else gloo); it reaches the ranks as ``COURSE_BACKEND``.
-    - `timeout`: seconds for the whole job (None: no limit). `max_restarts`: elastic restarts.
-    - `env`: extra environment variables for the ranks.
-    - `show`: in Jupyter a live widget, then the output grouped by rank in rank order (the
-      ranks' stderr goes to stderr); in a terminal, lines streamed with a ``[rank N]`` prefix.
-      On a failure the output so far goes to stderr, then the exception.
-    - `log_dir`: where the logs go (default: a new temporary folder); each rank's are
-      ``rank<R>.stdout.log`` and ``rank<R>.stderr.log`` there.
-
-    Raises ``LaunchError`` when a rank fails, ``LaunchTimeout`` past `timeout`, and
-    ``FileNotFoundError`` / ``ValueError`` / ``RuntimeError`` (nccl without a GPU per rank)
-    before starting anything when the arguments cannot work.
-    """
-    base = Path(cwd) if cwd is not None else Path.cwd()
-    script_str = os.fspath(script)
-    full = Path(script_str) if Path(script_str).is_absolute() else base / script_str
+    """Run `script` (relative to `cwd`, by default the current directory: ``notebooks/`` in a
+    notebook) on `nproc` local processes with ``python -m torch.distributed.run``, each rank with
+    one thread and its own log files. `backend` None: ``COURSE_BACKEND`` if set, else nccl with a
+    GPU per rank, else gloo. `timeout`: seconds (None: no limit). `env`: more variables for the
+    ranks. `show`: in Jupyter a live widget, then the output grouped by rank; in a terminal, lines
+    streamed with a ``[rank N]`` prefix. Raises ``LaunchError`` naming a failing rank with its
+    traceback, ``LaunchTimeout`` past `timeout`, and, before starting anything, ``ValueError`` /
+    ``FileNotFoundError`` / ``RuntimeError`` (nccl without a GPU per rank) for bad arguments."""
+    base, script_str = Path(cwd if cwd is not None else Path.cwd()), os.fspath(script)
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise ValueError(f"nproc must be a whole number of processes, at least 1; got {nproc!r}.")
-    if not full.is_file():
-        where = full.resolve()
+    if not (base / script_str).is_file():  # (an absolute script_str stays itself)
         raise FileNotFoundError(
-            f"script not found: {script_str} (looked for {where}). Paths are relative to the "
-            "current directory, which is notebooks/ in a course notebook: e.g. 'scripts/hello_dist.py'."
+            f"script not found: {script_str} (looked for {(base / script_str).resolve()}). Paths "
+            "are relative to the current directory, which is notebooks/ in a course notebook: "
+            "e.g. 'scripts/hello_dist.py'."
         )
     if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds (or None); got {timeout!r}.")
+        raise ValueError(f"timeout must be a positive number of seconds or None; got {timeout!r}.")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be 0 or more; got {max_restarts!r}.")
     from .dist import check_backend, choose_backend  # imports torch: only when launching
 
-    backend = (backend or (env or {}).get("COURSE_BACKEND") or os.environ.get("COURSE_BACKEND")
-               or choose_backend(nproc, warn=False))
-    check_backend(str(backend), nproc)
-    backend = str(backend)
+    extra = {k: str(v) for k, v in (env or {}).items()}
+    backend = backend or extra.get("COURSE_BACKEND") or os.environ.get("COURSE_BACKEND")
+    backend = str(backend or choose_backend(nproc, warn=False))
+    check_backend(backend, nproc)
 
-    job_id = uuid.uuid4().hex
-    if log_dir is None:
-        tmp_root = "/tmp" if os.name == "posix" and os.path.isdir("/tmp") else None
-        logs_path = Path(tempfile.mkdtemp(dir=tmp_root))
-    else:
-        logs_path = Path(log_dir)
-        logs_path.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(dir="/tmp" if os.path.isdir("/tmp") else None))  # (sanitized)
+    # One thread per rank, as torchrun's own default: the numbers printed do not depend on cores.
+    run_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    paths = (str(Path(__file__).resolve().parent.parent), run_env.get("PYTHONPATH"))
+    run_env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), COURSE_BACKEND=backend)
+    run_env[JOB_VAR] = uuid.uuid4().hex
 
-    run_env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, run_env.get("PYTHONPATH")) if p)
-    # One thread per rank, whatever this machine's core count, as torchrun's own default: the
-    # numbers a lesson prints (losses, sums) then do not depend on the machine.
-    run_env["OMP_NUM_THREADS"] = str(RANK_THREADS)
-    run_env["PYTHONUNBUFFERED"] = "1"
-    if max_restarts > 0:
-        # Restarted ranks otherwise read the previous attempt's keys (gloo's addresses, and so on for
-        # any backend) from the shared rendezvous store and fail to connect or hang (pytorch/pytorch#135712).
-        run_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    run_env.update({k: str(v) for k, v in (env or {}).items()})
-    run_env["COURSE_BACKEND"] = backend
-    run_env[JOB_VAR] = job_id
-
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone",  # c10d rendezvous on localhost:0, i.e. a free port chosen by the OS
-        "--nnodes", "1",
-        "--nproc-per-node", str(nproc),
-        "--max-restarts", str(max_restarts),
-        "--redirects", "3",
-        "--log-dir", str(logs_path / "torchrun"),
-        "--shutdown-timeout", "5",
-        script_str, *[str(a) for a in args],
-    ]
-    mode = ("notebook" if _in_notebook() else "terminal") if show else "quiet"
+    job = _Torchrun(script_str, nproc, [str(a) for a in args], max_restarts, base, run_env, log_dir)
     title = f"torchrun {script_str} on {nproc} processes ({backend})"
-    job = _Job(cmd, base, run_env, logs_path, nproc, mode, title, job_id)
-    deadline = None if timeout is None else job.t0 + timeout
-    finished = False
-    try:
-        while True:
-            rc = job.proc.poll()
-            job.pump()
-            if rc is not None:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                _stop_job(job.proc, job_id)
-                rc = None
-                break
-            wait = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
-            job.wait_exit(wait)
-        elapsed = time.monotonic() - job.t0
-        if rc is not None:
-            _stop_job(job.proc, job_id)  # leftovers (e.g. a process a rank started)
-        finished = True
-    finally:
-        job.close_pidfd()
-        if not finished:  # KeyboardInterrupt (kernel interrupt) or an error of ours
-            for _ in range(3):  # a second interrupt while stopping must not leave orphans
-                try:
-                    _stop_job(job.proc, job_id)
-                    break
-                except KeyboardInterrupt:
-                    continue
-            job.close_widget()
-    job.pump(final=True)
-    job.flat_logs()
-    job.close_widget()
-    stdout, stderr = job.stdout(), job.stderr()
-    restarts = max(job.attempts) if job.attempts else 0
-    common = {"log_dir": str(logs_path), "logs": stdout, "stderr": stderr, "elapsed": elapsed}
-
+    display = (_Notebook(title) if _in_notebook() else _Terminal()) if show else _Quiet()
+    rc, elapsed, logs = _supervise(job, display, timeout)
+    out, err = [o.text() for o, _ in logs.last()], [e.text() for _, e in logs.last()]
+    info = {"log_dir": str(log_dir), "logs": out, "stderr": err, "elapsed": elapsed}
     if rc is None:
-        if mode == "notebook":
-            sys.stderr.write("[launcher] what the ranks printed before the timeout:\n")
-            job.show_grouped(sys.stderr)
-            job.show_errors(sys.stderr)
         raise LaunchTimeout(
             f"{script_str} ({nproc} processes) did not finish within its timeout of {timeout:g} s, "
             "so every process of the job was stopped.\n"
             "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
             "rank never made the same call.\n"
-            f"Logs of each rank R: {logs_path}/rankR.stdout.log and rankR.stderr.log",
-            **common,
+            f"Logs of each rank R: {log_dir}/rankR.stdout.log and rankR.stderr.log",
+            **info,
         )
     if rc != 0:
-        if mode == "notebook":
-            sys.stderr.write("[launcher] what the ranks printed before the failure:\n")
-            job.show_grouped(sys.stderr)
-        failures, root = _failures(job.launcher_text())
-        err_lines = [e.splitlines() for e in stderr]
-        rank = _blame(failures, root, err_lines)
-        if rank is None:
-            tail = [x for x in job.launcher_text().splitlines() if x.strip()][-TAIL_LINES:]
-            raise LaunchError(
-                f"the launcher failed ({_describe_exit(rc)}) running {script_str} before any rank "
-                "reported an error. Its last lines:\n"
-                + "\n".join("    " + x for x in tail)
-                + f"\nLogs: {logs_path}",
-                exit_code=rc,
-                **common,
-            )
-        code = failures.get(rank)
-        tail = _error_tail(err_lines[rank])
-        shown = "\n".join("    " + x for x in tail) if tail else "    (it wrote nothing to stderr)"
-        raise LaunchError(
-            f"rank {rank} of {nproc} failed with {_describe_exit(code)} running {script_str}\n"
-            f"Last lines of its error output:\n{shown}\n"
-            f"Its full log: {logs_path / f'rank{rank}.stderr.log'} (every rank's logs are in {logs_path})",
-            rank=rank,
-            exit_code=code,
-            error=tail[-1] if tail else "",
-            **common,
-        )
-    if mode == "notebook":
-        job.show_grouped(sys.stdout)
-        job.show_errors(sys.stderr)
+        raise _failure(job, rc, script_str, nproc, **info)
+    attempts = [[o.text() for o, _ in ranks] for _, ranks in sorted(logs.attempts.items())]
+    restarts = max(logs.attempts, default=0)
     return LaunchResult(
-        script=script_str, nproc=nproc, backend=backend, returncode=rc, elapsed=elapsed,
-        logs=stdout, stderr=stderr, log_dir=str(logs_path), restarts=restarts,
-        attempts=[[o.text() for o, _ in job.attempts[n]] for n in sorted(job.attempts)],
+        script_str, nproc, backend, 0, elapsed, out, err, str(log_dir), restarts, attempts
     )
-
-
-# -------------------------------------------------------------------------------- CLI
 
 
 def main(argv: list[str]) -> int:
     """``python -m course_utils launch SCRIPT --nproc 2 [--backend gloo] [--timeout S] -- ARGS``."""
-    argv = list(argv)
-    script_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, script_args = argv[:cut], argv[cut + 1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(
         prog="python -m course_utils launch",
         description="Run a distributed script on N local processes (torchrun with safe defaults). "
         "Arguments after -- go to the script.",
     )
-    parser.add_argument("script", help="the script to run, relative to the current directory")
-    parser.add_argument("--nproc", type=int, default=2, help="number of processes (default 2)")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=None,
-                        help="default: nccl with a GPU per rank, else gloo")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
-    parser.add_argument("--max-restarts", type=int, default=0, help="elastic restarts (default 0)")
-    parser.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
-    opts = parser.parse_args(argv)
+    add = parser.add_argument
+    add("script", help="the script to run, relative to the current directory")
+    add("--nproc", type=int, default=2, help="number of processes (default 2)")
+    add("--backend", choices=["gloo", "nccl"], help="default: nccl with a GPU per rank, else gloo")
+    add("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    add("--quiet", action="store_true", help="do not stream the ranks' output")
+    o = parser.parse_args(argv[:cut])
     try:
-        result = torchrun(opts.script, nproc=opts.nproc, args=script_args, timeout=opts.timeout,
-                          backend=opts.backend, max_restarts=opts.max_restarts, show=not opts.quiet)
-    except LaunchTimeout as exc:
-        print(f"LaunchTimeout: {exc}", file=sys.stderr)
-        return 124
+        kw = {"nproc": o.nproc, "timeout": o.timeout, "backend": o.backend, "show": not o.quiet}
+        result = torchrun(o.script, args=argv[cut + 1 :], **kw)
     except LaunchError as exc:
-        print(f"LaunchError: {exc}", file=sys.stderr)
-        code = exc.exit_code
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 124 if isinstance(exc, LaunchTimeout) else exc.exit_code
         return code if code is not None and 0 < code < 256 else 1
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"[launcher] {opts.nproc} processes finished in {result.elapsed:.1f} s; "
-          f"logs in {result.log_dir}", file=sys.stderr)
+    done = f"{o.nproc} processes finished in {result.elapsed:.1f} s; logs in {result.log_dir}"
+    print(f"[launcher] {done}", file=sys.stderr)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def free_port() -> int:
+    """A TCP port that is free right now on this machine (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
-
-
 _MODULE_REPR = re.compile(r"<module '([\w.]+)' \(.*?\)>")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def error_lines(text: str) -> list[str]:
-    """The lines of `text` that name an exception (``ValueError: ...``), in order, as plain text
-    that reads the same on every Python version: colour codes removed (3.13 colours tracebacks
-    when a terminal or ``FORCE_COLOR`` asks for it), and a module's repr shortened to
-    ``<module 'name'>`` (``(built-in)`` on 3.11, the loader's class from 3.12)."""
-    text = _ANSI.sub("", text)
-    lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.match(ln.strip())]
-    return [_MODULE_REPR.sub(r"<module '\1'>", ln) for ln in lines]
-
-
 _WORKER_DIED = re.compile(r"DataLoader worker .*?exited unexpectedly")
 _PIDS = re.compile(r" \(pid(?:\(s\))?[^)]*\)")  # " (pid 42)", " (pid(s) 42, 43)"
 
 
+def error_lines(text: str) -> list[str]:
+    """The lines of `text` that name an exception (``ValueError: ...``), alike on every Python:
+    without colours (3.13), a module's repr shortened to ``<module 'name'>`` (varies from 3.12)."""
+    lines = [ln.strip() for ln in _ANSI.sub("", text).splitlines()]
+    return [_MODULE_REPR.sub(r"<module '\1'>", ln) for ln in lines if _ERROR_LINE.match(ln)]
+
+
 def worker_failure(err: BaseException) -> str:
-    """A DataLoader's report that a worker died, as one line that reads the same in every run:
-    ``RuntimeError: DataLoader worker exited unexpectedly``, without the pid(s) and exit details that
-    change from run to run. Any other error comes back as ``Type: message`` unchanged."""
+    """``Type: message``; a DataLoader's report that a worker died reads the same in every run:
+    ``RuntimeError: DataLoader worker exited unexpectedly``, without the pids and exit details."""
     found = _WORKER_DIED.search(str(err))
-    what = _PIDS.sub("", found.group(0)) if found else str(err)
-    return f"{type(err).__name__}: {what}"
+    return f"{type(err).__name__}: {_PIDS.sub('', found.group(0)) if found else err}"
 
 
 @dataclass
@@ -857,22 +570,15 @@ class CapturedStderr:
 
     text: str = ""
 
-    def errors(self) -> Counter[str]:
-        """Each distinct exception line, with how many times it was written."""
-        return Counter(error_lines(self.text))
-
     def summary(self) -> str:
         """One line per distinct error, most frequent first (ties in alphabetical order)."""
-        errs = sorted(self.errors().items(), key=lambda kv: (-kv[1], kv[0]))
-        if not errs:
-            return "no error on the children's stderr"
-        return "\n".join(f"{n} x {line}" for line, n in errs)
+        errs = sorted(Counter(error_lines(self.text)).items(), key=lambda kv: (-kv[1], kv[0]))
+        return "\n".join(f"{n} x {line}" for line, n in errs) or "no error on the children's stderr"
 
 
 @contextlib.contextmanager
 def child_stderr() -> Iterator[CapturedStderr]:
-    """Send file descriptor 2 to a temporary file while the block runs (and so the stderr of
-    every process started inside it); restore it afterwards, even on an error."""
+    """Send file descriptor 2, so the stderr of every process started in the block, to a file."""
     captured = CapturedStderr()
     with tempfile.TemporaryFile() as fh:
         sys.stderr.flush()
@@ -887,60 +593,57 @@ def child_stderr() -> Iterator[CapturedStderr]:
             captured.text = fh.read().decode("utf-8", "replace")
 
 
-def free_port() -> int:
-    """A TCP port that is free right now on this machine (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class SpawnFailed(RuntimeError):
-    """Child processes of :func:`spawn_bounded` failed (``exit_code``, ``children_stderr``) or
-    outlived their time limit (``exit_code`` None)."""
+    """Children of :func:`spawn_bounded` failed (``exit_code``) or outlived their time (None)."""
 
     def __init__(self, msg: str, exit_code: int | None = None, children_stderr: str = "") -> None:
         super().__init__(msg)
-        self.exit_code = exit_code
-        self.children_stderr = children_stderr
+        self.exit_code, self.children_stderr = exit_code, children_stderr
 
 
-def spawn_bounded(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, timeout: float = 60.0,
-                  start_method: str = "spawn") -> int:
+def spawn_bounded(
+    fn: Callable,
+    args: tuple = (),
+    nprocs: int = 2,
+    timeout: float = 60.0,
+    start_method: str = "spawn",
+) -> int:
     """``torch.multiprocessing.spawn(fn, args, nprocs)`` that cannot hang a notebook, and whose
-    outcome does not depend on which child was faster. Returns the number of processes started.
-
-    Every child is waited for (not only the first to fail) until `timeout` seconds; those still
-    running then are stopped and :class:`SpawnFailed` is raised. A failing child raises
-    :class:`SpawnFailed` naming the children's own error line; their full stderr (captured, not
-    interleaved in the notebook) is in its ``children_stderr``.
-
-    `start_method` "spawn" is ``mp.spawn`` itself (fresh interpreters); "fork" copies the
-    parent instead (Linux and macOS only: faster, but unsafe after the parent ran torch work)."""
+    outcome does not depend on which child was faster: every child is waited for until `timeout`,
+    then killed. A failing or late child raises :class:`SpawnFailed` quoting the children's error
+    line (their stderr is captured, not interleaved under the cell). Returns how many it started."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int):
+        raise ValueError(f"nprocs must be a whole number of processes; got {nprocs!r}.")
+    if nprocs < 1:
+        raise ValueError(
+            f"nprocs={nprocs}: mp.spawn would start no process at all and return as if training "
+            "had finished. torch.cuda.device_count() is 0 on a machine without a GPU: choose the "
+            "number of processes yourself (gloo runs on the CPU), or launch a script with torchrun."
+        )
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
     import torch.multiprocessing as mp
 
     with child_stderr() as err:
-        context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
+        ctx = mp.start_processes(fn, args, nprocs, join=False, start_method=start_method)
         deadline = time.monotonic() + timeout
-        for p in context.processes:
+        for p in ctx.processes:
             p.join(max(0.0, deadline - time.monotonic()))
-        late = [p for p in context.processes if p.is_alive()]
+        late = [p for p in ctx.processes if p.is_alive()]
         for p in late:
-            p.terminate()
+            p.kill()
             p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+    codes = [p.exitcode for p in ctx.processes if p.exitcode != 0]
     if late:
-        raise SpawnFailed(
-            f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
-            "A process waiting forever (in init_process_group, a collective, ...) usually means "
-            "that another one never joined.", None, err.text)
-    codes = [p.exitcode for p in context.processes if p.exitcode != 0]
+        msg = (
+            f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and "
+            "were stopped. A process waiting forever (in init_process_group, a collective, ...) "
+            "usually means that another one never joined."
+        )
+        raise SpawnFailed(msg, None, err.text)
     if codes:
-        causes = error_lines(err.text)
-        code = max(set(codes), key=codes.count)
-        raise SpawnFailed(
-            f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
-            f"{getattr(fn, '__name__', fn)!s}. The children's error: {causes[-1] if causes else '(no error message)'}",
-            code, err.text)
-    return len(context.processes)
+        code, causes = max(set(codes), key=codes.count), error_lines(err.text)
+        msg = f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
+        msg += f"{getattr(fn, '__name__', fn)}. The children's error: "
+        raise SpawnFailed(msg + (causes[-1] if causes else "(no error message)"), code, err.text)
+    return len(ctx.processes)

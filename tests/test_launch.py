@@ -28,6 +28,7 @@ from course_utils.launch import (
     LaunchTimeout,
     child_stderr,
     error_lines,
+    spawn_bounded,
     torchrun,
     worker_failure,
 )
@@ -77,32 +78,33 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] != b"Z"
 
 
-class FakeWidget:
-    """Stands in for the Jupyter widget (records what it was asked to show)."""
+def record_displays(monkeypatch) -> list:
+    """IPython's display calls, recorded instead of sent to a frontend: [(name, args, kwargs)]."""
+    pytest.importorskip("ipywidgets")
+    import IPython.display
 
-    instances: list[FakeWidget] = []
-
-    def __init__(self, title: str, nproc: int) -> None:
-        self.title, self.nproc, self.updates, self.closed = title, nproc, [], False
-        FakeWidget.instances.append(self)
-
-    def due(self):
-        return True
-
-    def update(self, status, tails):
-        self.updates.append((status, {r: list(t) for r, t in tails.items()}))
-
-    def close(self):
-        self.closed = True
+    calls = []
+    for name in ("display", "update_display"):
+        monkeypatch.setattr(IPython.display, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
+    return calls
 
 
 @pytest.fixture
 def notebook_mode(monkeypatch):
-    """Make torchrun() behave as in a Jupyter kernel, with a fake widget."""
-    FakeWidget.instances = []
+    """torchrun() as in a Jupyter kernel: the real live view, refreshed at every look at the logs;
+    returns its display calls and every HTML view it rendered."""
     monkeypatch.setattr(launch, "_in_notebook", lambda: True)
-    monkeypatch.setattr(launch, "_Widget", FakeWidget)
-    return FakeWidget
+    monkeypatch.setattr(launch._Notebook, "refresh_s", 0.0)
+    views, render = [], launch._Notebook._html
+    monkeypatch.setattr(launch._Notebook, "_html", lambda self, *a: views.append(render(self, *a)) or views[-1])
+    return record_displays(monkeypatch), views
+
+
+def assert_view_emptied(calls) -> None:
+    """The live view was displayed without text/plain, then emptied (nothing left that nbval compares)."""
+    (shown, (bundle,), kw), *_, (emptied, (empty,), kw2) = calls
+    assert shown == "display" and list(bundle) == ["application/vnd.jupyter.widget-view+json"] and kw["raw"]
+    assert emptied == "update_display" and empty == {} and kw2["display_id"] == kw["display_id"] and kw2["raw"]
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +168,7 @@ def test_command_and_environment_of_the_ranks(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["COURSE_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1" and env["EXTRA"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT) and env[launch.JOB_VAR]
-    assert seen["start_new_session"] and seen["cwd"] == str(ROOT)
+    assert seen["start_new_session"] and str(seen["cwd"]) == str(ROOT)
     assert seen["stdin"] == subprocess.DEVNULL
 
 
@@ -243,29 +245,28 @@ def test_result_repr_is_deterministic():
     assert r.lines(1) == ["y"]
 
 
-def test_widget_html_escapes_and_shows_every_rank():
-    w = launch._Widget.__new__(launch._Widget)
-    w.title, w.nproc = "torchrun a.py", 2
-    page = w._html("running", {0: ["<b>", "x", "y", "z"]})
+def test_live_view_escapes_and_shows_the_last_lines_of_every_rank(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "stdout.log").write_text("<b>\nx\ny\n")
+    (tmp_path / "0" / "stderr.log").write_text("[rank0]: z\n")
+    logs = launch._Logs(2)
+    logs.read({0: tmp_path})
+    page = launch._Notebook("torchrun a.py")._html("running", logs.last())
     assert "rank 0" in page and "rank 1" in page and "&lt;b&gt;" not in page  # only the last 3 lines
-    assert "x\ny\nz" in page
+    assert "x\ny\nz</pre>" in page  # stdout, then stderr without torch's "[rank0]:"
 
 
-def test_widget_leaves_nothing_that_nbval_compares(monkeypatch):
+def test_live_view_leaves_nothing_that_nbval_compares(monkeypatch, tmp_path):
     """Shown without text/plain (nbval skips the widget view), emptied and closed at the end."""
-    pytest.importorskip("ipywidgets")
-    import IPython.display
-
-    calls = []
-    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: calls.append((a, k)))
-    monkeypatch.setattr(IPython.display, "update_display", lambda *a, **k: calls.append((a, k)))
-    w = launch._Widget("torchrun a.py", 2)
-    w.update("running", {0: ["hello"]})
-    assert "hello" in w.widget.value
-    w.close()
-    ((bundle,), shown), ((emptied,), updated) = calls
-    assert list(bundle) == ["application/vnd.jupyter.widget-view+json"] and shown["raw"]
-    assert emptied == {} and updated["display_id"] == shown["display_id"] and updated["raw"]
+    calls = record_displays(monkeypatch)
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "stdout.log").write_text("hello\n")
+    view, logs = launch._Notebook("torchrun a.py"), launch._Logs(2)
+    view.show(logs, logs.read({0: tmp_path}))
+    assert "hello" in view.widget.value
+    view.end(logs, None)  # stopped early: nothing printed
+    assert_view_emptied(calls)
+    assert view.widget is None and len(calls) == 2
 
 
 def test_cli_exit_codes_without_launching(monkeypatch, capsys):
@@ -318,9 +319,10 @@ def test_success_per_rank_logs_and_grouped_output(notebook_mode, capsys):
     # Grouped by rank, in rank order, whatever order the lines were written in.
     assert out.out == "".join(f"[rank {r}] {line}\n" for r in range(2) for line in result.lines(r))
     assert "[rank 1] a warning on stderr" in out.err
-    (widget,) = notebook_mode.instances
-    assert widget.closed and widget.title.startswith(f"torchrun {SCRIPTS}/ok.py on 2 processes")
-    assert widget.updates[-1][1][1][-1] == "a warning on stderr"  # the live view saw the end
+    calls, views = notebook_mode
+    assert_view_emptied(calls)
+    assert views[0].startswith(f"<b>torchrun {SCRIPTS}/ok.py on 2 processes")
+    assert views[-1].endswith("a warning on stderr</pre></td></tr></table>")  # it saw the end
 
 
 @pytest.mark.slow
@@ -385,7 +387,7 @@ def test_failing_rank_is_named_promptly(notebook_mode, capsys):
     # In a notebook the output so far goes to stderr (not compared by nbval), the widget is gone.
     out = capsys.readouterr()
     assert out.out == "" and "[rank 0] rank 0 started" in out.err
-    assert notebook_mode.instances[0].closed
+    assert_view_emptied(notebook_mode[0])
 
 
 @pytest.mark.slow
@@ -540,6 +542,24 @@ def test_choose_backend_warns_when_a_gpu_node_has_fewer_gpus_than_processes():
     with mock.patch("torch.cuda.is_available", return_value=False), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert choose_backend(2) == "gloo"  # a CPU machine: nothing to warn about
+
+
+def test_spawn_bounded_refuses_bad_arguments_before_anything_starts(monkeypatch):
+    import torch.multiprocessing as mp
+
+    def no_start(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(mp, "start_processes", no_start)
+    # nprocs = torch.cuda.device_count() = 0 on a CPU machine: mp.spawn itself would return silently
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"nprocs={bad}: mp.spawn would start no process"):
+            spawn_bounded(print, nprocs=bad)
+    for bad in (1.5, True, "2"):
+        with pytest.raises(ValueError, match="nprocs must be a whole number"):
+            spawn_bounded(print, nprocs=bad)
+    with pytest.raises(ValueError, match="timeout must be"):
+        spawn_bounded(print, nprocs=2, timeout=0)
 
 
 def test_children_write_to_the_capture_not_to_our_stderr(capfd):
