@@ -1,16 +1,12 @@
 """Chapter 04's helpers: course_utils.data.sampler_indices against the real DistributedSampler, the
 pictures and the explorer of course_utils.ch04_distributed, and the launch helpers the chapter uses."""
 
-import itertools
 import json
-import os
-import time
 
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import to_hex
-from torch.utils.data import DistributedSampler
 
 from course_utils.ch04_distributed import (
     COLLECTIVES,
@@ -23,50 +19,8 @@ from course_utils.ch04_distributed import (
     sampler_explorer,
 )
 from course_utils.data import sampler_indices
-from course_utils.launch import free_port, spawn_bounded
 
 matplotlib.use("Agg")
-
-
-def real(n, world, epoch, shuffle, seed, drop_last):
-    out = []
-    for r in range(world):
-        s = DistributedSampler(list(range(n)), num_replicas=world, rank=r, shuffle=shuffle, seed=seed,
-                               drop_last=drop_last)
-        s.set_epoch(epoch)
-        out.append(list(s))
-    return out
-
-
-@pytest.mark.parametrize(("shuffle", "drop_last"), list(itertools.product([True, False], [True, False])))
-def test_sampler_indices_match_torch(shuffle, drop_last):
-    for n, world, epoch, seed in itertools.product([1, 2, 3, 7, 10, 12, 13], [1, 2, 3, 4, 8], [0, 1, 5], [0, 3]):
-        if drop_last and n < world:
-            continue  # torch's sampler then yields nothing on every rank; so do we (checked below)
-        assert sampler_indices(n, world, epoch, shuffle, seed, drop_last) == real(n, world, epoch, shuffle, seed, drop_last), \
-            (n, world, epoch, shuffle, seed, drop_last)
-
-
-def test_sampler_indices_tiny_data_with_drop_last_matches_torch():
-    assert sampler_indices(3, 4, drop_last=True) == real(3, 4, 0, True, 0, True) == [[], [], [], []]
-
-
-def test_padding_wraps_round_when_world_is_bigger_than_data():
-    assert sampler_indices(2, 5, shuffle=False) == real(2, 5, 0, False, 0, False) == [[0], [1], [0], [1], [0]]
-
-
-def test_sampler_indices_partition_the_data():
-    shares = sampler_indices(12, 3, epoch=4)
-    flat = sorted(i for s in shares for i in s)
-    assert flat == list(range(12))
-    assert sampler_indices(12, 3, epoch=4) != sampler_indices(12, 3, epoch=5)
-
-
-@pytest.mark.parametrize("bad", [{"n": 0}, {"world_size": 0}, {"epoch": -1}])
-def test_sampler_indices_refuses_nonsense(bad):
-    kw = {"n": 10, "world_size": 2, "epoch": 0} | bad
-    with pytest.raises(ValueError):
-        sampler_indices(**kw)
 
 
 def test_draw_sampler_prints_the_shares_padding_and_drop(capsys):
@@ -142,11 +96,6 @@ def test_load_rank_records(tmp_path):
         load_rank_records(tmp_path, "missing")
 
 
-def test_free_port():
-    p = free_port()
-    assert 1024 <= p <= 65535
-
-
 def test_explorer_builds():
     pytest.importorskip("ipywidgets")
     w = sampler_explorer()
@@ -154,41 +103,3 @@ def test_explorer_builds():
 
 
 # ---------------------------------------------------------------------------- processes
-
-
-def _ok(index, folder):
-    with open(os.path.join(folder, f"{index}.txt"), "w") as fh:
-        fh.write(str(index))
-
-
-def _fail(index):
-    raise SystemExit(3)
-
-
-def _sleep(index):
-    time.sleep(60)
-
-
-@pytest.mark.slow
-def test_spawn_bounded_runs_and_joins(tmp_path):
-    assert spawn_bounded(_ok, args=(str(tmp_path),), nprocs=2, timeout=60, start_method="fork") == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.txt", "1.txt"]
-
-
-@pytest.mark.slow
-def test_spawn_bounded_reports_a_failing_child():
-    from course_utils.launch import SpawnFailed
-
-    with pytest.raises(SpawnFailed, match="2 of 2 child processes exited with code 3") as info:
-        spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
-    assert info.value.exit_code == 3
-
-
-@pytest.mark.slow
-def test_spawn_bounded_stops_children_at_the_deadline():
-    t0 = time.monotonic()
-    from course_utils.launch import SpawnFailed
-
-    with pytest.raises(SpawnFailed, match="did not finish"):
-        spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")
-    assert time.monotonic() - t0 < 30

@@ -1,3 +1,4 @@
+import itertools
 import json
 import shutil
 
@@ -5,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DistributedSampler
 
 from course_utils import data
+from course_utils.data import sampler_indices
 
 
 def test_committed_files_match_the_manifest():
@@ -71,3 +74,47 @@ def test_bad_split_is_explained():
 def test_cli_verify(capsys):
     assert data.main(["verify"]) == 0
     assert "data OK" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- what DistributedSampler gives each rank
+
+
+def real(n, world, epoch, shuffle, seed, drop_last):
+    out = []
+    for r in range(world):
+        s = DistributedSampler(list(range(n)), num_replicas=world, rank=r, shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize(("shuffle", "drop_last"), list(itertools.product([True, False], [True, False])))
+def test_sampler_indices_match_torch(shuffle, drop_last):
+    for n, world, epoch, seed in itertools.product([1, 2, 3, 7, 10, 12, 13], [1, 2, 3, 4, 8], [0, 1, 5], [0, 3]):
+        if drop_last and n < world:
+            continue  # torch's sampler then yields nothing on every rank; so do we (checked below)
+        assert sampler_indices(n, world, epoch, shuffle, seed, drop_last) == real(n, world, epoch, shuffle, seed, drop_last), \
+            (n, world, epoch, shuffle, seed, drop_last)
+
+
+def test_sampler_indices_tiny_data_with_drop_last_matches_torch():
+    assert sampler_indices(3, 4, drop_last=True) == real(3, 4, 0, True, 0, True) == [[], [], [], []]
+
+
+def test_padding_wraps_round_when_world_is_bigger_than_data():
+    assert sampler_indices(2, 5, shuffle=False) == real(2, 5, 0, False, 0, False) == [[0], [1], [0], [1], [0]]
+
+
+def test_sampler_indices_partition_the_data():
+    shares = sampler_indices(12, 3, epoch=4)
+    flat = sorted(i for s in shares for i in s)
+    assert flat == list(range(12))
+    assert sampler_indices(12, 3, epoch=4) != sampler_indices(12, 3, epoch=5)
+
+
+@pytest.mark.parametrize("bad", [{"n": 0}, {"world_size": 0}, {"epoch": -1}])
+def test_sampler_indices_refuses_nonsense(bad):
+    kw = {"n": 10, "world_size": 2, "epoch": 0} | bad
+    with pytest.raises(ValueError):
+        sampler_indices(**kw)

@@ -28,6 +28,7 @@ from course_utils.launch import (
     LaunchTimeout,
     child_stderr,
     error_lines,
+    free_port,
     spawn_bounded,
     torchrun,
     worker_failure,
@@ -617,3 +618,49 @@ def test_worker_failure_of_a_real_dead_worker():
     with pytest.raises(RuntimeError) as info, child_stderr():
         next(iter(loader))
     assert worker_failure(info.value) == "RuntimeError: DataLoader worker exited unexpectedly"
+
+
+# ----------------------------------------------------------------- free_port, spawn_bounded
+
+
+def test_free_port():
+    p = free_port()
+    assert 1024 <= p <= 65535
+
+
+def _ok(index, folder):
+    with open(os.path.join(folder, f"{index}.txt"), "w") as fh:
+        fh.write(str(index))
+
+
+def _fail(index):
+    raise SystemExit(3)
+
+
+def _sleep(index):
+    time.sleep(60)
+
+
+@pytest.mark.slow
+def test_spawn_bounded_runs_and_joins(tmp_path):
+    assert spawn_bounded(_ok, args=(str(tmp_path),), nprocs=2, timeout=60, start_method="fork") == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.txt", "1.txt"]
+
+
+@pytest.mark.slow
+def test_spawn_bounded_reports_a_failing_child():
+    from course_utils.launch import SpawnFailed
+
+    with pytest.raises(SpawnFailed, match="2 of 2 child processes exited with code 3") as info:
+        spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
+    assert info.value.exit_code == 3
+
+
+@pytest.mark.slow
+def test_spawn_bounded_stops_children_at_the_deadline():
+    t0 = time.monotonic()
+    from course_utils.launch import SpawnFailed
+
+    with pytest.raises(SpawnFailed, match="did not finish"):
+        spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")
+    assert time.monotonic() - t0 < 30
