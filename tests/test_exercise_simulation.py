@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import pkgutil
 import random
 import shutil
 import signal
@@ -32,14 +33,30 @@ from torch.utils.data import (
     get_worker_info,
 )
 
+import course_utils.exercises
 from course_utils.data import load_image
-from course_utils.exercises.core import MAX_STRETCH, _asleep
+from course_utils.exercises.core import MAX_STRETCH
 
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
 # charged), up to core.MAX_STRETCH times: slower than that is "slow", much slower a hang.
 SLOW_S = MAX_STRETCH * LIMIT_S + 5
 HANG_S = float(os.environ.get("SIM_HANG_S", SLOW_S + 10))
+
+
+def all_exercises():
+    """Every chapter module's ``EXERCISES``, keyed by module name."""
+    names = [m.name for m in pkgutil.iter_modules(course_utils.exercises.__path__) if m.name.startswith("ch")]
+    return {n: importlib.import_module(f"course_utils.exercises.{n}").EXERCISES for n in names}
+
+
+def _asleep(tid):
+    """Whether thread `tid` is asleep (state S or D): it uses no CPU, and ends when it wakes."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in "SD"
+    except (OSError, IndexError):
+        return False
 
 
 # ------------------------------------------------------------------------------ hostile answers
@@ -120,7 +137,7 @@ HOSTILE = {
     "an endless generator": lambda: (i for i in itertools.count()),
     "a sleeping function": lambda: _sleeper,
     "a spinning function": lambda: _spinner,
-    "a function whose loop swallows every exception": lambda: _swallower,  # on simulated ranks (04-05) it is left asleep, as a sleeping thread cannot be stopped
+    "a function whose loop swallows every exception": lambda: _swallower,
     "a function calling sys.exit": lambda: _exits,
     "a function returning an endless iterator": lambda: lambda *a, **k: itertools.count(),
     "a huge tensor": lambda: torch.zeros(1).expand(10**9),
@@ -1280,7 +1297,8 @@ def simulate(mod_name, q_name):
             problem = "side effect: changed the learner's answer"
         rows.append((kind, label, problem, "" if result is None else f"{result.status}: {result.message}"))
     time.sleep(0.2)
-    running = [t.name for t in threading.enumerate() if t not in threads_before and not _asleep(t.native_id)]
+    running = [t.name for t in threading.enumerate()
+               if t not in threads_before and t.is_alive() and not _asleep(t.native_id)]
     rows.append(("threads", "left running", f"threads still running after the checks: {running}" if running else None, ""))
     for what in ("hint", "solution"):
         before = _session_state()
@@ -1302,8 +1320,6 @@ def short_limit():
 
 
 def test_every_exercise_is_simulated():
-    from course_utils.exercises import all_exercises
-
     listed = {(mod, name) for mod, exs in all_exercises().items()
               for name in (f"q{i}" for i in range(1, len(exs) + 1))}
     assert listed == set(SIMULATION)
@@ -1313,8 +1329,6 @@ def test_every_exercise_is_simulated():
 
 def test_simulated_mistakes_are_not_the_declared_ones():
     """The simulation's mistakes must be new to the checker: none is the same object as a declared one."""
-    from course_utils.exercises import all_exercises
-
     declared = {id(m) for exs in all_exercises().values() for ex in exs for m in getattr(ex, "mistakes", {}).values()}
     for plan in SIMULATION.values():
         for make in plan["wrong"].values():

@@ -4,8 +4,10 @@ mistake gets its own reason. Plus the exercise core: bounds, forms, messages, no
 (`test_exercise_simulation.py` tries many more answers.)"""
 
 import ast
+import importlib
 import itertools
 import json
+import pkgutil
 import signal
 import sys
 import threading
@@ -16,15 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.exercises import (
-    Exercise,
-    Incorrect,
-    all_exercises,
-    as_ints,
-    as_number,
-    as_tensor,
-    core,
-)
+import course_utils.exercises
+from course_utils.exercises import core
+from course_utils.exercises.core import Exercise, Incorrect, as_ints, as_number, as_tensor
+
+
+def all_exercises() -> dict:
+    """Every chapter module's ``EXERCISES``, keyed by module name."""
+    names = [m.name for m in pkgutil.iter_modules(course_utils.exercises.__path__) if m.name.startswith("ch")]
+    return {n: importlib.import_module(f"course_utils.exercises.{n}").EXERCISES for n in names}
 
 ALL = [(mod, ex) for mod, exs in sorted(all_exercises().items()) for ex in exs]
 IDS = [f"{mod}-{ex.name}" for mod, ex in ALL]
@@ -101,7 +103,7 @@ def test_shown_solution_runs_in_its_notebook(mod, ex):
             exec(statement, namespace)
         except ImportError:  # a script's module, importable only from the notebook's folder
             pass
-    exec(ex.solution_code, namespace)
+    exec(ex.solution().body, namespace)
     answer = namespace[ex.model_answer.__name__]
     result = ex.check(answer() if ex.form == "value" else answer)
     assert result.status == "correct", result
@@ -198,25 +200,54 @@ def test_a_check_off_the_main_thread_is_bounded_too(monkeypatch):
     assert box and "did not finish" in box[0].message and time.monotonic() - start < 0.5 * core.MAX_STRETCH + 3
 
 
-def test_a_spinning_answer_on_simulated_ranks_leaves_no_thread_running(monkeypatch):
-    """ch04 runs an answer on one thread per simulated rank. A spinning answer must be stopped on every
-    rank when its check ends: a thread left spinning holds the GIL and slows every later check (once
-    past the time limit, so right answers were called endless). An interrupted Thread.join() can mark a
-    running thread as ended, so the ranks' end is awaited in another way."""
-    from course_utils.exercises import ch04
+def _spins(*args):
+    while True:
+        pass
 
-    monkeypatch.setattr(core, "TIME_LIMIT_S", 0.5)
 
-    def spin(*args):
-        while True:
+def _swallows(*args):
+    while True:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: BLE001 - the learner's code under test
             pass
 
-    before = set(threading.enumerate())
-    assert ch04.q2.check(spin).status == "incorrect"
+
+@pytest.mark.parametrize("on_main_thread", [True, False], ids=["main", "thread"])
+@pytest.mark.parametrize("answer", [_spins, _swallows], ids=["spins", "swallows"])
+@pytest.mark.parametrize("exercise", ["ch04.q2", "ch05.q1"])
+def test_an_endless_answer_on_simulated_ranks_leaves_no_thread_running(exercise, answer, on_main_thread, monkeypatch):
+    """Chapters 04-05 run an answer on one thread per simulated rank; every rank must end with its
+    check. A spinning thread left behind holds the GIL and slows every later check; one whose loop
+    swallows every exception (the simulation once caught one awake) woke 20 times a second forever."""
+    module, name = exercise.split(".")
+    q = getattr(importlib.import_module(f"course_utils.exercises.{module}"), name)
+    monkeypatch.setattr(core, "TIME_LIMIT_S", 0.5)
+    before, box = set(threading.enumerate()), []
+    if on_main_thread:
+        box.append(q.check(answer))
+    else:
+        t = threading.Thread(target=lambda: box.append(q.check(answer)))
+        t.start()
+        t.join(10)
+    assert box and box[0].status == "incorrect"
     deadline = time.monotonic() + 3
     while (left := [t for t in threading.enumerate() if t not in before]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"threads still running after the check: {left}"
+
+
+def test_a_sleeping_answer_on_simulated_ranks_does_not_stall_later_checks(monkeypatch):
+    """A rank asleep in the learner's code gets its stop when it wakes. Until then Python 3.11 kept every
+    thread's eval breaker on, and a traced call spins on that: the trace that stops an answer swallowing
+    the time limit hung the next checks until the sleeper woke."""
+    from course_utils.exercises import ch04
+
+    monkeypatch.setattr(core, "TIME_LIMIT_S", 0.5)
+    assert ch04.q2.check(lambda *args: time.sleep(20)).status == "incorrect"
+    start = time.monotonic()
+    assert "did not finish" in _fn_ex().check(_swallows).message
+    assert time.monotonic() - start < 5
 
 
 @pytest.mark.parametrize("on_main_thread", [True, False])
@@ -321,7 +352,7 @@ def test_an_exercise_whose_words_are_missing_fails_at_import():
 
 
 def test_variant_edits_the_solution_source_and_refuses_an_edit_that_does_not_apply():
-    from course_utils.exercises import variant
+    from course_utils.exercises.core import variant
 
     def scaled(x):
         return 2 * x + 1

@@ -1,7 +1,5 @@
 """Chapter 00: one practice exercise to learn how checks, hints and solutions work."""
 
-from __future__ import annotations
-
 import torch
 
 from .core import Exercise, as_tensor
@@ -14,11 +12,9 @@ def make_squares():
 def _facts(answer, _):
     t = as_tensor(answer, "squares")
     whole = not (t.is_floating_point() or t.is_complex())
-    return {
-        "the shape of squares": tuple(t.shape),
-        "its numbers": {torch.bool: "true/false"}.get(t.dtype, "whole" if whole else "fractional"),
-        "squares": t,
-    }
+    yield "the shape of squares", tuple(t.shape)
+    yield "its numbers", {torch.bool: "true/false"}.get(t.dtype, "whole" if whole else "fractional")
+    yield "squares", t
 
 
 q1 = Exercise(

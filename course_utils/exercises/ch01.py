@@ -1,8 +1,6 @@
-"""Chapter 01 (autograd): gradients that accumulate, a custom backward, a Hessian-vector
-product with ``create_graph=True``, finite differences, and the backward pass walked by hand."""
+"""Chapter 01: accumulated gradients, a custom backward, an HVP, finite differences, a backward walk."""
 
-from __future__ import annotations
-
+import functools
 from unittest import mock
 
 import torch
@@ -20,9 +18,7 @@ q1 = Exercise(
     answer_q1,
     form="value",
     observe=lambda answer, _: as_number(answer, "x.grad"),
-    mistakes=dict(
-        one_call=6.0, y_once=10.0, no_z=12.0, last_graph_only=4.0, value_not_gradient=9.0
-    ),
+    mistakes=dict(one_call=6, y_once=10, no_z=12, last_graph_only=4, value_not_gradient=9),
 )
 
 
@@ -43,21 +39,14 @@ def _apply(cls, case):
     x, grad_output = case[0].clone().requires_grad_(True), case[1]
     out = cls.apply(x)
     (grad,) = torch.autograd.grad(out, x, grad_output)
-    return {
-        "MySigmoid.apply(x)": out.detach(),
-        "the gradient your backward() returns": as_tensor(grad),
-    }
+    yield "MySigmoid.apply(x)", out.detach()
+    yield "the gradient your backward() returns", as_tensor(grad)
 
 
 def _cases_q2():
     g = torch.Generator().manual_seed(2)
-    return [
-        (
-            torch.randn(n, generator=g, dtype=torch.float64) * 3,
-            torch.randn(n, generator=g, dtype=torch.float64),
-        )
-        for n in (5, 7, 3)
-    ]
+    randn = functools.partial(torch.randn, generator=g, dtype=torch.float64)
+    return [(randn(n) * 3, randn(n)) for n in (5, 7, 3)]
 
 
 q2 = Exercise(
@@ -100,11 +89,9 @@ def _t(*v):
     return torch.tensor(v, dtype=torch.float64)
 
 
-_CUBIC, _SIN, _EXP = (
-    "(x**3).sum() + x[0] * x[1]",
-    "(x.sin() * x.roll(1)).sum()",
-    "(x.exp() * x**2).sum()",
-)
+_CUBIC = "(x**3).sum() + x[0] * x[1]"
+_SIN = "(x.sin() * x.roll(1)).sum()"
+_EXP = "(x.exp() * x**2).sum()"
 
 
 def _cases_q3():
@@ -128,11 +115,9 @@ q3 = Exercise(
     ),
     describe=lambda c: f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}, v = {c[2].tolist()}",
     mistakes=dict(
-        retain_not_create=lambda f, x, v: torch.autograd.grad(
-            (torch.autograd.grad(f(x), x, retain_graph=True)[0] * v).sum(), x
-        )[0],
+        retain_not_create=variant(hvp, "create_graph=True", "retain_graph=True"),
         first_derivative=_grad,
-        v_missing=lambda f, x, v: torch.autograd.grad(_grad(f, x).sum(), x)[0],
+        v_missing=variant(hvp, "(g * v).sum()", "g.sum()"),
         entrywise_product=lambda f, x, v: _grad(f, x) * v,
     ),
 )
@@ -167,9 +152,7 @@ q4 = Exercise(
         one_sided=variant(numerical_grad, "f(x_minus)) / (2 * eps)", "f(x)) / eps"),
         one_sided_back=variant(numerical_grad, "f(x_plus) -", "f(x) -", "(2 * eps)", "eps"),
         twice_too_large=lambda f, x, eps=1e-6: 2 * numerical_grad(f, x, eps),
-        all_at_once=lambda f, x, eps=1e-6: torch.full_like(
-            x, (f(x + eps) - f(x - eps)) / (2 * eps)
-        ),
+        all_at_once=lambda f, x, e=1e-6: torch.full_like(x, (f(x + e) - f(x - e)) / (2 * e)),
     ),
 )
 
@@ -205,9 +188,7 @@ def _case_q5(x, w, b, x_grad=True, also_times_w=False):
     if out.numel() > 1:
         out = out.sum()
     leaves = {"x": x, "w": w, "b": b} if x_grad else {"w": w, "b": b}
-    formula = (
-        "sigmoid(w*x + b)" + (" * w" if also_times_w else "") + (".sum()" if x.numel() > 1 else "")
-    )
+    formula = "sigmoid(w*x + b)" + " * w" * also_times_w + ".sum()" * (x.numel() > 1)
     return out, leaves, formula, {"x": x.tolist(), "w": w.tolist(), "b": b.tolist()}
 
 
@@ -226,20 +207,20 @@ def _graph_state(out, leaves, calls):
         return calls[0]
     if any(leaf.grad is not None for leaf in leaves.values()):
         return "filled the leaves' .grad"
-    stack = [out.grad_fn]
-    while stack:
-        node = stack.pop()
+    for node in _nodes(out):
         for attr in (a for a in dir(node) if a.startswith("_saved_")):
             try:
                 getattr(node, attr)
             except RuntimeError:
                 return "freed the graph's saved tensors"
-        stack += [
-            nxt
-            for nxt, _ in node.next_functions
-            if nxt is not None and not hasattr(nxt, "variable")
-        ]
     return "left the graph and the leaves as they were"
+
+
+def _nodes(out):
+    stack = [out.grad_fn]
+    while stack:
+        yield (node := stack.pop())
+        stack += [nxt for nxt, _ in node.next_functions if nxt is not None]
 
 
 def _observe_q5(fn, case):
@@ -259,28 +240,17 @@ def _observe_q5(fn, case):
         if leaf not in grads:
             keys = take(grads.keys(), 3)
             if keys and all(isinstance(k, torch.Tensor) for k in keys):
-                raise Incorrect(
-                    f"the dict has no entry for the leaf {name}: your walk did not reach it. Follow "
-                    "every entry of node.next_functions, down to the AccumulateGrad nodes."
-                )
-            raise Incorrect(
-                f"the dict has no entry for the leaf {name}: its keys should be the leaf tensors "
-                "themselves (an AccumulateGrad node's .variable); "
-                + (f"its keys are: {', '.join(kind(k) for k in keys)}." if keys else "it is empty.")
-            )
+                why = "your walk did not reach it. Follow every entry of node.next_functions, down to the AccumulateGrad nodes."
+            else:
+                found = f"its keys are: {', '.join(map(kind, keys))}." if keys else "it is empty."
+                why = f"its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); {found}"
+            raise Incorrect(f"the dict has no entry for the leaf {name}: {why}")
         yield f"the gradient for {name}", as_tensor(grads[leaf], f"the gradient for {name}")
 
 
 def _leaves(out):
-    found, stack = [], [out.grad_fn]
-    while stack:
-        for nxt, _ in stack.pop().next_functions:
-            if nxt is not None and hasattr(nxt, "variable"):
-                if all(nxt.variable is not leaf for leaf in found):
-                    found.append(nxt.variable)
-            elif nxt is not None:
-                stack.append(nxt)
-    return found
+    found = {id(n.variable): n.variable for n in _nodes(out) if hasattr(n, "variable")}
+    return list(found.values())
 
 
 def _mistake_backward(out):

@@ -1,11 +1,9 @@
-"""Chapter 02 exercises: registration, buffers, counting parameters, hooks."""
-
-from __future__ import annotations
+"""Chapter 02: registration, buffers, counting parameters, hooks."""
 
 import torch
 from torch import nn
 
-from .core import Exercise, Incorrect, as_number, as_tensor, take, variant
+from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, take, variant
 from .shared import module_facts
 
 
@@ -35,10 +33,6 @@ class FixedNet(nn.Module):
         return self.layers[-1](x)
 
 
-def _batches():
-    return [torch.rand(4, 1, 28, 28), torch.rand(3, 1, 28, 28) * 2 - 1]  # seeded by the check
-
-
 class _HalfFixed(ListNet):
     def __init__(self):
         nn.Module.__init__(self)
@@ -50,20 +44,14 @@ q1 = Exercise(
     "Q1",
     FixedNet,
     form=nn.Module,
-    cases=_batches,
+    cases=lambda: [torch.rand(4, 1, 28, 28), torch.rand(3, 1, 28, 28) * 2 - 1],  # seeded
     observe=lambda cls, x: module_facts(cls, FixedNet, x),
     describe=lambda x: f"for a batch of shape {tuple(x.shape)}",
     mistakes=dict(
         plain_list=ListNet,
         half_registered=_HalfFixed,
         layer_in_forward=variant(
-            FixedNet,
-            ", nn.Linear(64, 10)]",
-            "]",
-            "[:-1]",
-            "",
-            "self.layers[-1]",
-            "nn.Linear(64, 10)",
+            FixedNet, ", nn.Linear(64, 10)", "", "[:-1]", "", "self.layers[-1]", "nn.Linear(64, 10)"
         ),
     ),
 )
@@ -86,14 +74,12 @@ def _scale_facts(cls, factor):
     x = torch.linspace(-1, 1, 4 * factor.numel()).reshape(4, *factor.shape)
     with torch.no_grad():
         out = as_tensor(m(x), "forward(x)")
+    yield "the parameters", [n for n, _ in m.named_parameters()]
+    yield "the buffers", [n for n, _ in m.named_buffers()]
+    yield "'factor' in state_dict()", "factor" in m.state_dict()
+    yield "forward(x)", out
     moved = dict(m.to(torch.float64).named_buffers()).get("factor")
-    return {
-        "the parameters": [n for n, _ in m.named_parameters()],
-        "the buffers": [n for n, _ in m.named_buffers()],
-        "'factor' in state_dict()": "factor" in m.state_dict(),
-        "forward(x)": out,
-        "the buffer's dtype after .to(torch.float64)": None if moved is None else str(moved.dtype),
-    }
+    yield "the buffer's dtype after .to(torch.float64)", None if moved is None else str(moved.dtype)
 
 
 q2 = Exercise(
@@ -173,32 +159,19 @@ def record_output_shapes(model, x):
 
 
 def _hook_cases():
-    return [
-        (
-            nn.Sequential(
-                nn.Flatten(), nn.Sequential(nn.Linear(784, 32), nn.ReLU()), nn.Linear(32, 10)
-            ),
-            torch.rand(5, 1, 28, 28),
-        ),
-        (
-            nn.Sequential(
-                nn.Conv2d(1, 4, 3),
-                nn.ReLU(),
-                nn.Sequential(nn.Flatten(), nn.Sequential(nn.Linear(144, 8), nn.Tanh())),
-                nn.Linear(8, 3),
-            ),
-            torch.rand(2, 1, 8, 8),
-        ),
-    ]
+    hidden = nn.Sequential(nn.Linear(784, 32), nn.ReLU())
+    mlp = nn.Sequential(nn.Flatten(), hidden, nn.Linear(32, 10))
+    x1, conv = torch.rand(5, 1, 28, 28), nn.Conv2d(1, 4, 3)
+    deep = nn.Sequential(nn.Flatten(), nn.Sequential(nn.Linear(144, 8), nn.Tanh()))
+    cnn = nn.Sequential(conv, nn.ReLU(), deep, nn.Linear(8, 3))
+    return [(mlp, x1), (cnn, torch.rand(2, 1, 8, 8))]
 
 
 def _pairs(fn, case):
     model, x = case
     out = fn(model, x)
     try:
-        pairs = [
-            (str(n), tuple(as_number(d, whole=True) for d in take(s, 8))) for n, s in take(out)
-        ]
+        pairs = [(str(n), tuple(as_ints(take(s, 8)))) for n, s in take(out)]
     except (TypeError, ValueError, Incorrect):
         raise Incorrect(
             f"return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {type(out).__name__}."

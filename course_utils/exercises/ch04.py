@@ -1,7 +1,4 @@
-"""Chapter 04 exercises: DistributedSampler shares, a correctly all-reduced metric, set_epoch,
-and the batch that one process needs to match data-parallel training."""
-
-from __future__ import annotations
+"""Chapter 04: DistributedSampler shares, an all-reduced metric, set_epoch, the global batch size."""
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -42,14 +39,11 @@ def global_accuracy(correct, total, dist):
     return (counts[0] / counts[1]).item()
 
 
+_SHARDS = ([(90, 100), (1, 10), (45, 60)], [(3, 4), (10, 40)], [(7, 7), (0, 5), (20, 30), (1, 2)])
 q2 = Exercise(
     "Q2",
     global_accuracy,
-    cases=lambda: [
-        [(90, 100), (1, 10), (45, 60)],
-        [(3, 4), (10, 40)],
-        [(7, 7), (0, 5), (20, 30), (1, 2)],
-    ],
+    cases=lambda: _SHARDS,
     observe=lambda fn, s: numbers_on_ranks(fn, s, lambda r, w, c, t: (c, t, fake_dist(r, w))),
     describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
     mistakes=dict(
@@ -70,11 +64,9 @@ def epoch_orders(sampler, epochs):
 
 
 def _orders(fn, c):
-    n, world, rank, epochs = c
-    out = fn(
-        DistributedSampler(list(range(n)), num_replicas=world, rank=rank, shuffle=True, seed=0),
-        epochs,
-    )
+    n, world, r, epochs = c
+    sampler = DistributedSampler(list(range(n)), num_replicas=world, rank=r, shuffle=True, seed=0)
+    out = fn(sampler, epochs)
     return {"the orders": [as_ints(e, "each epoch's indices") for e in take(out, epochs + 1)]}
 
 

@@ -1,7 +1,4 @@
-"""Chapter 05 exercises: a metric correct across ranks, a resume that restores the schedule,
-an evaluation shard without padding, and a checkpoint write that survives a crash."""
-
-from __future__ import annotations
+"""Chapter 05: a metric across ranks, a full resume, an unpadded eval shard, a crash-safe save."""
 
 import contextlib
 import copy
@@ -11,6 +8,7 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -37,14 +35,11 @@ def _rank_args(r, world, correct, total):  # rank r's arguments, on the simulate
     return c, t, functools.partial(world.all_reduce, r), world.size
 
 
+_SHARDS = ([(90, 100), (45, 50), (10, 20)], [(3, 4), (30, 40)], [(1, 1), (0, 3), (60, 80), (5, 9)])
 q1 = Exercise(
     "Q1",
     global_accuracy,
-    cases=lambda: [
-        [(90, 100), (45, 50), (10, 20)],
-        [(3, 4), (30, 40)],
-        [(1, 1), (0, 3), (60, 80), (5, 9)],
-    ],
+    cases=lambda: _SHARDS,
     observe=lambda fn, s: numbers_on_ranks(fn, s, _rank_args),
     describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
     mistakes=dict(
@@ -81,22 +76,13 @@ def _train(model, opt, sched, batches):
 
 def _resume_facts(fn, case):
     per_epoch, epochs, done = case
-    g = torch.Generator().manual_seed(0)
-    batches = [
-        (torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g))
-        for _ in range(per_epoch * epochs)
-    ]
-    model, opt, sched = _run(0, len(batches))
-    _train(model, opt, sched, batches[: done * per_epoch])
-    ckpt = copy.deepcopy(
-        {
-            "epoch": done,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-        }
-    )
-    model, opt, sched = _run(1, len(batches))  # a fresh run: other weights, the schedule at step 0
+    g, n = torch.Generator().manual_seed(0), per_epoch * epochs
+    data = [(torch.randn(8, 4, generator=g), torch.randint(2, [8], generator=g)) for _ in range(n)]
+    model, opt, sched = _run(0, len(data))
+    _train(model, opt, sched, data[: done * per_epoch])
+    ckpt = {"epoch": done, "model": model.state_dict(), "optimizer": opt.state_dict()}
+    ckpt = copy.deepcopy({**ckpt, "scheduler": sched.state_dict()})
+    model, opt, sched = _run(1, len(data))  # a fresh run: other weights, the schedule at step 0
     start = fn(ckpt, model, opt, sched)
     yield "the model's weights", model.weight.detach().clone()
     exp_avg = opt.state_dict()["state"].get(0, {}).get("exp_avg")
@@ -105,7 +91,7 @@ def _resume_facts(fn, case):
     yield "the learning rate", opt.param_groups[0]["lr"]
     start = as_number(start, "the start epoch you return", whole=True)
     yield "the start epoch", start
-    _train(model, opt, sched, batches[start * per_epoch :])
+    _train(model, opt, sched, data[start * per_epoch :])
     yield "the weights at the end of the resumed run", model.weight.detach()
 
 
@@ -129,9 +115,7 @@ def eval_shard(n, rank, world_size):
 
 def _shard_facts(fn, case):
     n, world = case
-    shards = [
-        as_ints(fn(n, rank, world), f"eval_shard({n}, {rank}, {world})") for rank in range(world)
-    ]
+    shards = [as_ints(fn(n, r, world), f"eval_shard({n}, {r}, {world})") for r in range(world)]
     seen = Counter(i for s in shards for i in s)
     yield "the indices on more than one rank", sorted(i for i, c in seen.items() if c > 1)[:10]
     yield "the indices on no rank", sorted(set(range(n)) - set(seen))[:10]
@@ -146,9 +130,7 @@ q3 = Exercise(
     observe=_shard_facts,
     describe=lambda c: f"with n={c[0]} on {c[1]} ranks",
     mistakes=dict(
-        padded=lambda n, rank, world_size: list(
-            DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)
-        ),
+        padded=lambda n, r, w: list(DistributedSampler(range(n), w, r, shuffle=False)),
         remainder_lost=variant(
             eval_shard,
             "range(rank, n, world_size)",
@@ -173,11 +155,10 @@ def _swallowing(obj, path):
         save_atomically(obj, path)
 
 
-@contextlib.contextmanager
-def _crash_at(call: int, renames: list, path: Path, at_crash: list):
-    """The `call`-th torch.save (counting from 1) writes half its bytes and raises OSError; renames are
-    recorded, and so is what `path` holds at the crash (a real crash runs no `except` after it)."""
-    real_save, real_replace, real_rename, calls = torch.save, os.replace, os.rename, [0]
+def _crash(fn, obj, arg, path, call, renames):
+    """``fn(obj, arg)`` while the `call`-th torch.save writes half its bytes and raises OSError: did the error
+    reach the caller, and what did `path` hold at the crash (a real crash runs no ``except``)?"""
+    real_save, calls, held = torch.save, [0], []
 
     def save(obj, f, *args, **kwargs):
         calls[0] += 1
@@ -191,17 +172,18 @@ def _crash_at(call: int, renames: list, path: Path, at_crash: list):
         else:
             f.write(data)
             f.flush()
-        at_crash.append(_held(path))
+        held.append(_held(path))
         raise OSError("simulated crash: the process died half-way through torch.save")
 
     def recording(real):
         return lambda src, dst, *a, **k: (renames.append(Path(src)), real(src, dst, *a, **k))[1]
 
-    torch.save, os.replace, os.rename = save, recording(real_replace), recording(real_rename)
-    try:
-        yield
-    finally:
-        torch.save, os.replace, os.rename = real_save, real_replace, real_rename
+    crashed, replace, rename = True, recording(os.replace), recording(os.rename)
+    with mock.patch("torch.save", save), mock.patch.multiple(os, replace=replace, rename=rename):
+        with contextlib.suppress(OSError):
+            fn(obj, arg)
+            crashed = False
+    return crashed, held[0] if held else _held(path)
 
 
 def _held(path: Path):
@@ -222,26 +204,13 @@ def _save_facts(fn, case):
         arg, renames = (str(path) if as_text else path), []
         fn({"epoch": 1, "w": torch.ones(500)}, arg)
         yield "after a save, the file at `path` holds epoch", _held(path)
-        crashed = True
-        at_crash = []
-        with _crash_at(1, renames, path, at_crash), contextlib.suppress(OSError):
-            fn({"epoch": 2, "w": torch.zeros(500)}, arg)
-            crashed = False
+        crashed, held = _crash(fn, {"epoch": 2, "w": torch.zeros(500)}, arg, path, 1, renames)
         yield "the crash reached the caller (an OSError)", crashed
-        yield (
-            "at a crash in the next save, the file at `path` holds epoch",
-            at_crash.pop(0) if at_crash else _held(path),
-        )
-        with _crash_at(2, renames, path, at_crash), contextlib.suppress(OSError):
-            fn({"epoch": 3, "w": torch.ones(500)}, arg)
-        yield (
-            "at a crash in a save's second torch.save call, the file holds epoch",
-            at_crash.pop(0) if at_crash else _held(path),
-        )
-        yield (
-            "the temporary file is in the checkpoint's folder",
-            all(p.resolve().parent == folder.resolve() for p in renames),
-        )
+        yield "at a crash in the next save, the file at `path` holds epoch", held
+        _, held = _crash(fn, {"epoch": 3, "w": torch.ones(500)}, arg, path, 2, renames)
+        yield "at a crash in a save's second torch.save call, the file holds epoch", held
+        inside = all(p.resolve().parent == folder.resolve() for p in renames)
+        yield "the temporary file is in the checkpoint's folder", inside
 
 
 q4 = Exercise(

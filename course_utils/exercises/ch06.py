@@ -1,7 +1,4 @@
-"""Chapter 06 (pitfalls): "spot the bug". Each exercise shows a short program with one pitfall;
-the learner writes the fixed version, and the check *runs* it and measures the symptom."""
-
-from __future__ import annotations
+"""Chapter 06: "spot the bug": the learner fixes a pitfall, the check runs it and measures the symptom."""
 
 from collections import Counter
 
@@ -63,18 +60,13 @@ def _accumulate_facts(fn, case):
     g = torch.Generator().manual_seed(k)
     model = nn.Linear(features, 3).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def micro_batch():
+        x = torch.randn(4, features, generator=g, dtype=torch.float64)
+        return x, torch.randint(0, 3, (4,), generator=g)
+
     for _ in range(2):  # two accumulation steps in a row, as in a training loop
-        fn(
-            model,
-            opt,
-            [
-                (
-                    torch.randn(4, features, generator=g, dtype=torch.float64),
-                    torch.randint(0, 3, (4,), generator=g),
-                )
-                for _ in range(k)
-            ],
-        )
+        fn(model, opt, [micro_batch() for _ in range(k)])
     return {"the weights after two calls": [p.detach().clone() for p in model.parameters()]}
 
 
@@ -108,9 +100,8 @@ def evaluate(model, x, y):
 
 
 def _evaluate_facts(fn, seed):
-    model = nn.Sequential(
-        nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)
-    )
+    layers = [nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)]
+    model = nn.Sequential(*layers)
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(40, 8, generator=g), torch.randint(0, 3, (40,), generator=g)
     with torch.no_grad():  # give BatchNorm some running statistics
@@ -160,21 +151,13 @@ def _loader_facts(fn, case):
             row.append([as_number(v, whole=True) for b in batches for v in b])
         orders.append(row)
     yield "the batch sizes", sorted(set(sizes))
-    yield (
-        "for each epoch, the samples that several ranks visit",
-        [
-            sorted(i for i, c in Counter(i for r in row for i in set(r)).items() if c > 1)[:10]
-            for row in orders
-        ],
-    )
-    yield (
-        "for each epoch, every sample is visited once",
-        [sorted(i for r in row for i in r) == list(range(n)) for row in orders],
-    )
-    yield (
-        "for each epoch after the first, the order is the one of the epoch before",
-        [orders[e] == orders[e - 1] for e in range(1, epochs)],
-    )
+    visits = [Counter(i for r in row for i in set(r)) for row in orders]
+    several = [sorted(i for i, c in v.items() if c > 1)[:10] for v in visits]
+    yield "for each epoch, the samples that several ranks visit", several
+    once = [sorted(i for r in row for i in r) == list(range(n)) for row in orders]
+    yield "for each epoch, every sample is visited once", once
+    same = [orders[e] == orders[e - 1] for e in range(1, epochs)]
+    yield "for each epoch after the first, the order is the one of the epoch before", same
 
 
 q4 = Exercise(
@@ -184,9 +167,7 @@ q4 = Exercise(
     observe=_loader_facts,
     describe=lambda c: f"for {c[0]} samples, {c[1]} ranks and {c[2]} epochs",
     mistakes=dict(
-        same_samples=lambda dataset, rank, world_size, epoch: DataLoader(
-            dataset, batch_size=4, shuffle=True
-        ),
+        same_samples=lambda dataset, *_: DataLoader(dataset, batch_size=4, shuffle=True),
         same_order=variant(make_loader, "sampler.set_epoch(epoch)", "pass"),
     ),
 )

@@ -1,7 +1,4 @@
-"""Learntools-style exercises (``q1.check(answer)``, ``q1.hint()``, ``q1.solution()``), each declared
-once: see :class:`Exercise` and CONTRIBUTING.md, "Exercises"."""
-
-from __future__ import annotations
+"""Learntools-style exercises (``q1.check(answer)``, ``q1.hint()``, ``q1.solution()``): see Exercise."""
 
 import contextlib
 import ctypes
@@ -28,7 +25,10 @@ import numpy as np
 import torch
 
 TIME_LIMIT_S = 5.0  # the longest a check may take, learner's code included
+MAX_STRETCH = 3.0  # a limit grows by the time spent waiting for a CPU, up to this factor
 MAX_ITEMS = 1000  # the most items a check takes from an iterable answer
+_STUB = "your code still raises NotImplementedError: fill in its body."
+_PLACEHOLDER = "replace the `...` placeholder with your answer, then run this cell again."
 
 
 class Incorrect(Exception):
@@ -37,10 +37,6 @@ class Incorrect(Exception):
 
 class NotAttempted(Exception):
     """There is nothing to check yet."""
-
-
-class _CheckerFailed(Exception):
-    """The model answer itself failed: a bug of the checker, not of the learner."""
 
 
 class TimeUp(BaseException):  # not an Exception: a learner's `except Exception` cannot swallow it
@@ -62,12 +58,10 @@ class CheckResult:
     status: str  # "correct" | "incorrect" | "not_attempted"
     message: str
 
-    @property
-    def correct(self) -> bool:
+    def __bool__(self) -> bool:
         return self.status == "correct"
 
-    def __bool__(self) -> bool:
-        return self.correct
+    correct = property(__bool__)
 
     def __repr__(self) -> str:
         return f"[{self.exercise}] {_STYLE[self.status][0]}: {self.message}"
@@ -75,8 +69,10 @@ class CheckResult:
     def _repr_html_(self) -> str:
         label, fg, bg = _STYLE[self.status]
         msg = html.escape(self.message).replace("\n", "<br>")
-        return (f'<div style="border-left:4px solid {fg};background:{bg};padding:6px 10px">'
-                f'<b style="color:{fg}">{html.escape(self.exercise)} · {label}</b>: {msg}</div>')
+        return (
+            f'<div style="border-left:4px solid {fg};background:{bg};padding:6px 10px">'
+            f'<b style="color:{fg}">{html.escape(self.exercise)} · {label}</b>: {msg}</div>'
+        )
 
 
 @dataclass(frozen=True)
@@ -96,57 +92,39 @@ class _Text:
         return f'<div style="border-left:4px solid #3465a4;padding:6px 10px"><b>{html.escape(self.title)}</b>{inner}</div>'
 
 
-# ------------------------------------------------------------------ the learner's session, untouched
-
-
 @contextlib.contextmanager
 def untouched() -> Iterator[None]:
-    """Run with a known state (grad mode on, no inference mode, float32 by default) and restore, on
-    the way out, everything of the session that running code may change: the torch (and CUDA, MPS),
+    """Run with grad mode on, no inference mode, float32 by default; then restore the torch (CUDA, MPS),
     numpy and ``random`` generators, grad mode, the default dtype and the thread count."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    mps = torch.backends.mps.is_available()
-    saved = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, np.random.get_state(),
-             random.getstate(), torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_num_threads(),
-             torch.mps.get_rng_state() if mps else None)
+    state = [(torch.get_rng_state, torch.set_rng_state), (np.random.get_state, np.random.set_state)]
+    state += [(random.getstate, random.setstate), (torch.is_grad_enabled, torch.set_grad_enabled)]
+    state += [(torch.get_default_dtype, torch.set_default_dtype)]
+    state += [(torch.get_num_threads, torch.set_num_threads)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state.append((torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all))
+    if torch.backends.mps.is_available():
+        state.append((torch.mps.get_rng_state, torch.mps.set_rng_state))
+    saved = [(restore, get()) for get, restore in state]
     try:
         torch.set_default_dtype(torch.float32)
         with torch.inference_mode(False), torch.enable_grad():
             yield
     finally:
-        torch.set_rng_state(saved[0])
-        if saved[1] is not None:
-            torch.cuda.set_rng_state_all(saved[1])
-        if saved[7] is not None:
-            torch.mps.set_rng_state(saved[7])
-        np.random.set_state(saved[2])
-        random.setstate(saved[3])
-        torch.set_grad_enabled(saved[4])
-        torch.set_default_dtype(saved[5])
-        if torch.get_num_threads() != saved[6]:
-            torch.set_num_threads(saved[6])
+        for restore, value in saved:
+            restore(value)
 
 
-def stop_threads(threads: Sequence[threading.Thread], wait: float = 2.0) -> None:
-    """Stop threads still running the learner's code (at their next Python instruction), so that a
-    spinning answer does not keep a CPU and the GIL after its check. The request is repeated until the
-    threads have ended, for up to `wait` seconds (a thread inside one long C call sees it only after);
-    a thread asleep in C (``time.sleep``) uses no CPU and ends when it wakes. Callers wait for their
-    threads with an Event, not ``Thread.join()``: on Python 3.11 a join() interrupted by the time limit
-    marks a running thread as ended, and it would be skipped here."""
-    deadline = time.monotonic() + wait
-    alive = [t for t in threads if t.is_alive() and t.ident is not None]
-    while alive and time.monotonic() < deadline:
-        for t in alive:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(SystemExit))
-        for t in alive:
-            t.join(0.01)
-        alive = [t for t in alive if t.is_alive() and not _asleep(t.native_id)]
+_LIBRARIES = (str(Path(__file__).resolve().parents[1]), "<frozen")  # the course's package too
+_LIBRARIES += tuple(map(sysconfig.get_paths().get, ("stdlib", "platstdlib", "purelib", "platlib")))
+
+
+def learners_code(frame: Any) -> bool:
+    """Whether `frame` runs the learner's code, not a library's (whose cleanup must run, time or not)."""
+    return not frame.f_code.co_filename.startswith(_LIBRARIES)
 
 
 def _cpu_wait(tid: int | None = None) -> float:
-    """Seconds a thread of this process has spent ready to run but waiting for a CPU (Linux's
-    schedstat); 0.0 where the system does not say."""
+    """Seconds a thread of this process has waited for a CPU (Linux's schedstat; 0.0 elsewhere)."""
     path = "/proc/thread-self/schedstat" if tid is None else f"/proc/self/task/{tid}/schedstat"
     try:
         with open(path) as f:
@@ -155,38 +133,53 @@ def _cpu_wait(tid: int | None = None) -> float:
         return 0.0
 
 
-def _asleep(tid: int | None) -> bool:
-    """Whether thread `tid` is asleep (state S or D): it uses no CPU, and cannot be stopped until it wakes."""
-    try:
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in "SD"
-    except (OSError, IndexError, TypeError):
-        return False
+class _Stopped(SystemExit):
+    """Raised by LearnerThread.stop(), created where caught: a swallowing ``except`` then gets TimeUp."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        if learners_code(frame := sys._getframe(1)):
+            _stop_every_line(frame, until=None)
 
 
-MAX_STRETCH = 3.0  # on a busy machine a limit grows by the time spent waiting for a CPU, up to this factor
+class LearnerThread(threading.Thread):
+    """``fn()`` on a daemon thread, ``outcome`` ``(True, result)`` or ``(False, exception)`` once ``done``
+    is set. Wait with ``done``: on Python 3.11 an interrupted join() marks a running thread as ended."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.done = fn, threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.outcome = True, self.fn()
+        except BaseException as exc:  # handed to whoever waits for this thread
+            self.outcome = False, exc
+        finally:
+            # off before any call: 3.11 spins in traced calls while an exception is pending elsewhere
+            sys.settrace(None)
+            self.done.set()
+
+    def stop(self) -> None:
+        """Raise _Stopped in the thread at its next Python instruction (once a C call returns, such as a
+        sleep), so that it does not keep a CPU and the GIL."""
+        if self.ident is not None and not self.done.is_set():
+            _raise_in(self.ident, _Stopped)
+            # 3.11 keeps eval breakers on until one is handled (traced calls spin): handle one now
+            with contextlib.suppress(_Stopped):
+                _raise_in(threading.get_ident(), _Stopped)
 
 
-_NOT_LEARNERS = tuple({str(Path(__file__).resolve().parents[1]), *(
-    sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
-
-
-def learners_code(frame: Any) -> bool:
-    """Whether `frame` runs the learner's code: not the course's package, the standard library or an
-    installed package (whose cleanup must run even after a time limit)."""
-    name = frame.f_code.co_filename
-    return not name.startswith(_NOT_LEARNERS) and not name.startswith("<frozen")
+def _raise_in(thread_id: int, exc: type) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc))
 
 
 def _stop_every_line(frame: Any, until: Any) -> None:
-    """From now on, every line of the learner's code that runs in `frame` and its callers below
-    `until`, or in a function they call, raises :class:`TimeUp`: code that swallows one (``except BaseException: pass``) gets
-    the next one at its next line, which is outside the ``try`` that caught the first. (Python
-    switches a trace function off once it raises, so code that swallows at two levels of ``try``
-    in an endless loop cannot be stopped; nor can the kernel's interrupt stop it.)"""
+    """The next line of the learner's code in `frame`, its callers below `until` or what they call raises
+    TimeUp again, out of an ``except`` that swallowed one (once: two nested such ``try`` are not stopped)."""
 
     def trace(f: Any, event: str, arg: Any) -> Any:
-        if not learners_code(f):  # the course's and the libraries' code runs untraced
+        if not learners_code(f):
             return None
         if event == "line":
             raise TimeUp()
@@ -200,40 +193,29 @@ def _stop_every_line(frame: Any, until: Any) -> None:
 
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> tuple[Any, float]:
-    """``(fn(), seconds charged)``, stopped with :class:`TimeUp` once ``fn`` has run for `seconds`.
-    Time spent waiting for a CPU is not charged (a right answer stays right on a busy machine), up to
-    ``MAX_STRETCH`` times the limit. On the main thread a SIGALRM timer interrupts Python loops and
-    sleeps (an outer timer is restored afterwards); elsewhere ``fn`` runs on a helper thread."""
+    """``(fn(), seconds charged)``, or TimeUp after `seconds` not counting waits for a CPU (up to MAX_STRETCH
+    times): a SIGALRM timer on the main thread (an outer timer goes on after), else a LearnerThread."""
     start = time.monotonic()
 
     def charged(waited: float) -> float:
         elapsed = time.monotonic() - start
         return elapsed if elapsed >= MAX_STRETCH * seconds else max(elapsed - waited, 0.0)
 
-    def run(box: list) -> None:
-        box.append(threading.get_native_id())
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:  # handed back to the caller's thread
-            box.append((False, exc))
-
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        box: list[Any] = []
-        t = threading.Thread(target=run, args=(box,), daemon=True)
+    if threading.current_thread() != threading.main_thread() or not hasattr(signal, "setitimer"):
+        t = LearnerThread(fn)
         t.start()
-        while t.is_alive() and charged(_cpu_wait(box[0]) if box else 0.0) < seconds:
-            t.join(min(0.05, seconds))
-        used = charged(_cpu_wait(box[0]) if box else 0.0)
-        if t.is_alive():
-            stop_threads([t])
-            raise TimeUp() from None
-        if not box[1][0]:
-            raise box[1][1] from None
-        return box[1][1], used
+        while not t.done.wait(min(0.05, seconds)) and charged(_cpu_wait(t.native_id)) < seconds:
+            pass
+        used = charged(_cpu_wait(t.native_id))
+        if not t.done.is_set():
+            t.stop()
+            raise TimeUp()
+        ok, value = t.outcome
+        if not ok:
+            raise value
+        return value, used
 
-    wait0 = _cpu_wait()
-
-    expired = []
+    wait0, expired = _cpu_wait(), []
 
     def time_up(signum: int, frame: Any) -> None:
         left = seconds - charged(_cpu_wait() - wait0)
@@ -261,9 +243,6 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> tuple[Any, float]:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
 
 
-# ------------------------------------------------------------------ the forms an answer may take
-
-
 def kind(x: Any) -> str:
     """How an answer reads to a learner: "a tensor of shape (3,)", "a function", "a list"..."""
     if isinstance(x, torch.Tensor):
@@ -283,20 +262,18 @@ def as_number(x: Any, what: str = "your answer", whole: bool = False) -> float |
     elif isinstance(x, np.generic) and np.ndim(x) == 0:
         x = x.item()
     if isinstance(x, bool) or not isinstance(x, int | float):
-        raise Incorrect(f"{what} should be a {'whole ' if whole else ''}number, but it is {kind(x)}.")
-    if whole:
-        if isinstance(x, float) and not x.is_integer():
-            raise Incorrect(f"{what} should be a whole number, but it is {x!r}.")
-        return int(x)
-    return float(x)
+        adjective = "whole " if whole else ""
+        raise Incorrect(f"{what} should be a {adjective}number, but it is {kind(x)}.")
+    if whole and isinstance(x, float) and not x.is_integer():
+        raise Incorrect(f"{what} should be a whole number, but it is {x!r}.")
+    return int(x) if whole else float(x)
 
 
 def as_ints(x: Any, what: str = "your answer") -> list[int]:
-    """Whole numbers from any finite iterable (list, tuple, range, tensor, array, generator); at most
-    :data:`MAX_ITEMS` are taken, so an endless iterator ends up as too long a list."""
-    if isinstance(x, torch.Tensor | np.ndarray) and x.ndim != 1:
-        raise Incorrect(f"{what} should be a list of whole numbers, but it is {kind(x)}.")
-    if isinstance(x, str | bytes | dict) or not isinstance(x, Iterator | Sequence | torch.Tensor | np.ndarray | range):
+    """Whole numbers from a finite iterable (list, tuple, range, 1-D tensor or array, generator); at most
+    ``MAX_ITEMS + 1`` are taken, so an endless iterator ends up as too long a list."""
+    listlike = isinstance(x, Iterator | Sequence) and not isinstance(x, str | bytes)
+    if not (x.ndim == 1 if isinstance(x, torch.Tensor | np.ndarray) else listlike):
         raise Incorrect(f"{what} should be a list of whole numbers, but it is {kind(x)}.")
     return [as_number(i, f"each entry of {what}", whole=True) for i in take(x)]
 
@@ -311,16 +288,21 @@ def take(x: Any, n: int = MAX_ITEMS + 1) -> list[Any]:
         raise Incorrect(f"this should be a list, but it is {kind(x)}.") from None
 
 
+_TO_TENSOR = {
+    "ndarray": " `torch.from_numpy(a)` turns a numpy array into one.",
+    "list": " `torch.tensor(...)` turns a list into one.",
+}
+
+
 def as_tensor(x: Any, what: str = "your answer") -> torch.Tensor:
     """The answer itself, detached, if it is a tensor; a clear Incorrect if it is not."""
     if not isinstance(x, torch.Tensor):
-        tip = {"ndarray": " `torch.from_numpy(a)` turns a numpy array into one.",
-               "list": " `torch.tensor(...)` turns a list into one."}.get(type(x).__name__, "")
+        tip = _TO_TENSOR.get(type(x).__name__, "")
         raise Incorrect(f"{what} should be a torch.Tensor, but it is {kind(x)}.{tip}")
     return x.detach()
 
 
-def _copy(x: Any) -> Any:
+def _copy(x):
     """A copy of a learner's value to work on, so that a check never modifies the learner's object."""
     if isinstance(x, torch.Tensor):
         return x.detach().clone() if x.numel() <= 10**6 else x.detach()
@@ -330,9 +312,8 @@ def _copy(x: Any) -> Any:
 
 
 def variant(solution: Callable[..., Any] | type, *edits: str) -> Any:
-    """A mistake declared as a change to the tested solution: its source with each ``old, new`` pair
-    of `edits` replaced (each `old` must occur), run in the solution's module. ``variant(f, "a + b",
-    "a - b")`` is `f` with that one slip, under the same name."""
+    """The solution with a slip: its source with each ``old, new`` pair of `edits` replaced (each `old`
+    must occur), run in its module: ``variant(f, "a + b", "a - b")``."""
     src = textwrap.dedent(inspect.getsource(solution))
     for old, new in zip(edits[::2], edits[1::2], strict=True):
         if old not in src:
@@ -343,25 +324,12 @@ def variant(solution: Callable[..., Any] | type, *edits: str) -> Any:
     return namespace[solution.__name__]
 
 
-# ------------------------------------------------------------------ comparing what was observed
-
-
-@dataclass(frozen=True)
-class _Raised:
-    """An exception the code raised, comparable with another one."""
-
-    type_name: str
-    text: str
-    explanation: str = field(compare=False)
-
-
-def _same(a: Any, b: Any, rtol: float, atol: float) -> bool:
+def _same(a, b, rtol, atol):
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape:
+        if a.shape != b.shape or a.numel() > 10**6:
             return False
-        if a.numel() > 10**6:
-            return False
-        return bool(torch.allclose(a.detach().cpu().double(), b.detach().cpu().double(), rtol=rtol, atol=atol))
+        a, b = a.detach().cpu().double(), b.detach().cpu().double()
+        return bool(torch.allclose(a, b, rtol=rtol, atol=atol))
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -371,40 +339,40 @@ def _same(a: Any, b: Any, rtol: float, atol: float) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k], rtol, atol) for k in a)
     try:
+        if isinstance(a, BaseException):  # an error the code raised: the same type and text
+            return type(a) is type(b) and str(a) == str(b)
         return type(a) is type(b) and bool(a == b)
     except Exception:
         return False
 
 
-def _show(x: Any, other: Any = None) -> str:
+def _show(x, other=None):
     """A short text for a value; numbers get enough digits to differ from `other`."""
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 and (other is None or (
-            isinstance(other, int | float) and float(other).is_integer())):
-        return str(int(x))  # 14, not 14.0000
     if isinstance(x, float):
+        whole = other is None or isinstance(other, int | float) and float(other).is_integer()
+        if x.is_integer() and abs(x) < 1e15 and whole:
+            return str(int(x))  # 14, not 14.0000
         short = f"{x:.4f}"
-        return repr(x) if isinstance(other, int | float) and f"{float(other):.4f}" == short else short
+        same = isinstance(other, int | float) and f"{float(other):.4f}" == short
+        return repr(x) if same else short
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)}" if x.numel() > 20 else repr(x.tolist())
     text = repr(x)
     return text if len(text) <= 160 else text[:150] + " ...]"
 
 
-def _tensor_diff(got: torch.Tensor, want: torch.Tensor) -> str:
+def _tensor_diff(got, want):
     if got.shape != want.shape:
         return f"has shape {tuple(got.shape)}, but it should have shape {tuple(want.shape)}"
     diff = torch.nan_to_num((got.double() - want.double()).abs(), nan=float("inf"))
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)) if diff.ndim else ()
-    g, w = got[idx].item(), want[idx].item()
-    where = f" at index {idx}" if idx else ""
-    return f"holds {_show(g, w)}{where} where {_show(w, g)} was expected"
+    g, w, at = got[idx].item(), want[idx].item(), f" at index {idx}" if idx else ""
+    return f"holds {_show(g, w)}{at} where {_show(w, g)} was expected"
 
 
-def _outcome(observe: Callable[[Any, Any], Any], answer: Any, case: Any, want: dict | None = None,
-             tol: tuple[float, float] = (0, 0)) -> dict[str, Any]:
-    """What `observe` sees of `answer` on `case`: an ordered dict of facts. An observer that yields
-    ``(name, value)`` pairs keeps the facts it found before an exception (a fact too), and is stopped
-    at the first fact that differs from `want` (so nothing more is computed on a wrong answer)."""
+def _outcome(observe, answer, case, want=None, tol=(0, 0)):
+    """The facts `observe` finds of `answer` on `case`, in order: yielded ``(name, value)`` facts are kept up
+    to an exception (a fact too) or to the first that differs from `want` (which ends the observer)."""
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
@@ -422,28 +390,23 @@ def _outcome(observe: Callable[[Any, Any], Any], answer: Any, case: Any, want: d
         facts["incorrect"] = str(exc)
         return facts
     except NotImplementedError:
-        raise NotAttempted("your code still raises NotImplementedError: fill in its body.") from None
-    except (NotAttempted, TimeUp):
-        raise
+        raise NotAttempted(_STUB) from None
     except (Exception, SystemExit) as exc:
-        facts["error"] = _Raised(type(exc).__name__, str(exc), _explain_exception(exc))
+        facts["error"] = exc
         return facts
     return seen if isinstance(seen, dict) else {"result": seen}
 
 
-def _first_diff(got: dict, want: dict, rtol: float, atol: float) -> str | None:
-    """The first fact (in the order judged) where `got` differs from `want`; an error or a form
-    problem counts where it stopped the observation."""
-    extra = [k for k in got if k not in want]
+def _first_diff(got, want, rtol, atol):
+    """The first fact where `got` differs from `want` (an error or a form problem where it stopped)."""
+    extra = [k for k in got if k not in want]  # "error" or "incorrect", where observing stopped
     for key, w in want.items():
-        if key not in got:
-            return extra[0] if extra else key
-        if not _same(got[key], w, rtol, atol):
-            return key
+        if key not in got or not _same(got[key], w, rtol, atol):
+            return extra[0] if extra and key not in got else key
     return extra[0] if extra else None
 
 
-def _explain_exception(exc: BaseException) -> str:
+def _explain_exception(exc):
     where = ""
     for fr in reversed(traceback.extract_tb(exc.__traceback__)):  # the learner's own frame
         path = fr.filename.replace("\\", "/")
@@ -453,11 +416,8 @@ def _explain_exception(exc: BaseException) -> str:
     return f"your code raised {type(exc).__name__}: {exc}{where}. Fix that error first, then check again."
 
 
-# ------------------------------------------------------------------ the exercise
-
-
 @functools.cache
-def _words(module: str) -> dict[str, Any]:
+def _words(module):
     """The words of a chapter's exercises (``chNN.en.toml`` beside ``chNN.py``), {} if it has none."""
     path = Path(__file__).with_name(f"{module.rpartition('.')[2]}.en.toml")
     return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
@@ -465,24 +425,7 @@ def _words(module: str) -> dict[str, Any]:
 
 @dataclass
 class Exercise:
-    """One exercise, declared once: its code here, its words in the chapter's ``.en.toml``.
-
-    name: short id shown to the learner ("Q1"), and the exercise's table in the words file.
-    model_answer: the reference: a function or a class (``form`` "function" or a base class), or for a
-        ``form="value"`` exercise a function that returns the value. ``.solution()`` shows its source.
-    cases: ``cases()`` returns fresh inputs, one per case (value exercises have one case, None).
-    observe: ``observe(answer, case)`` returns what is compared: a value, a dict of named facts, or
-        yields ``(name, value)`` facts, in the order they are judged; it raises :class:`Incorrect`
-        when the answer has the wrong form.
-    mistakes: ``{name: answer}``: an answer that behaves like one of these gets the reason that the
-        words file gives for that name.
-    describe: ``describe(case)`` names an input in a message ("for n=10 on 3 ranks").
-    tol: ``(rtol, atol)`` for floats; float32 precision unless the task asks for float64.
-    form: "value", "function", or the base class a class answer must subclass.
-    prompt, hints, reasons: the words (the task, the hints shown one at a time by :meth:`hint`, and
-        ``{mistake name: reason}``); read from the words file of the model answer's module when
-        not given.
-    """
+    """One exercise: its code here, its words in the chapter's ``.en.toml`` (CONTRIBUTING.md, Exercises)."""
 
     name: str
     model_answer: Callable[..., Any]
@@ -503,102 +446,95 @@ class Exercise:
         self.hints = list(self.hints or words.get("hints", []))
         self.reasons = self.reasons or words.get("mistakes", {}) or {k: k for k in self.mistakes}
         if self.reasons.keys() != self.mistakes.keys() or not self.prompt or not self.hints:
-            raise ValueError(f"{self.model_answer.__module__} {self.name}: the words file must give a prompt, "
-                             f"hints, and a reason for each mistake {sorted(self.mistakes)} (it gives "
-                             f"{sorted(self.reasons)})")
+            raise ValueError(
+                f"{self.model_answer.__module__} {self.name}: the words file must give a prompt, hints, and a reason for each mistake {sorted(self.mistakes)}"
+            )
 
     def check(self, answer: Any = Ellipsis) -> CheckResult:
         """Check the learner's answer; never raises, returns within about TIME_LIMIT_S seconds."""
-        if answer is None or answer is Ellipsis or (isinstance(answer, str) and answer == ""):
-            return self._result("not_attempted", "replace the `...` placeholder with your answer, then run this cell again.")
-        with untouched():
-            torch.set_num_threads(1)  # tiny inputs: one thread is faster, and steady on a busy machine
-            try:
+        status = "incorrect"
+        try:
+            if answer is None or answer is Ellipsis or (isinstance(answer, str) and answer == ""):
+                raise NotAttempted(_PLACEHOLDER)
+            with untouched():
+                torch.set_num_threads(1)  # tiny inputs: faster, and steady on a busy machine
                 self._judge(answer)
-            except NotAttempted as exc:
-                return self._result("not_attempted", str(exc))
-            except Incorrect as exc:
-                return self._result("incorrect", str(exc))
-            except TimeUp:
-                return self._result("incorrect", f"your code did not finish within {TIME_LIMIT_S:g} seconds (an endless loop, a sleep, or an endless iterator?). Make it finish, then check again.")
-            except _CheckerFailed as exc:
-                return self._result("incorrect", f"the checker itself failed on its model answer ({exc}); please report it.")
-            except (Exception, SystemExit) as exc:  # a check must never crash the notebook
-                return self._result("incorrect", _explain_exception(exc))
-        return self._result("correct", "well done." if self._hints_shown == 0 else "well done (with hints).")
+            message = "well done (with hints)." if self._hints_shown else "well done."
+            status = "correct"
+        except NotAttempted as exc:
+            status, message = "not_attempted", str(exc)
+        except Incorrect as exc:
+            message = str(exc)
+        except TimeUp:
+            message = f"your code did not finish within {TIME_LIMIT_S:g} seconds (an endless loop, a sleep, or an endless iterator?). Make it finish, then check again."
+        except (Exception, SystemExit) as exc:  # a check must never crash the notebook
+            message = _explain_exception(exc)
+        return CheckResult(self.name, status, message)
 
     def hint(self, number: int | None = None) -> _Text:
         """Show the next hint (or hint `number`, counting from 1)."""
+        n = len(self.hints)
         if number is None:
-            self._hints_shown = min(self._hints_shown + 1, len(self.hints))
-            number = self._hints_shown
-        if not 1 <= number <= len(self.hints):
-            return _Text(f"{self.name}: there are {len(self.hints)} hints", f"Ask for hint 1 to {len(self.hints)}.")
-        return _Text(f"{self.name} · hint {number}/{len(self.hints)}", self.hints[number - 1])
+            self._hints_shown = number = min(self._hints_shown + 1, n)
+        if not 1 <= number <= n:
+            return _Text(f"{self.name}: there are {n} hints", f"Ask for hint 1 to {n}.")
+        return _Text(f"{self.name} · hint {number}/{n}", self.hints[number - 1])
 
     def solution(self) -> _Text:
         """Show the worked solution: the source of the tested solution function."""
-        return _Text(f"{self.name} · solution", self.solution_code, code=True)
-
-    @property
-    def solution_code(self) -> str:
-        return textwrap.dedent(inspect.getsource(self.model_answer)).strip("\n")
+        code = textwrap.dedent(inspect.getsource(self.model_answer)).strip("\n")
+        return _Text(f"{self.name} · solution", code, code=True)
 
     def reference(self) -> Any:
         """A correct answer, as a learner would pass it."""
         return self.model_answer() if self.form == "value" else self.model_answer
 
-    def _case(self, i: int) -> Any:
+    def _case(self, i):
         """Case `i`, built afresh (the code under test may modify its inputs) from the same seeds."""
         torch.manual_seed(0)
         return self.cases()[i]
 
-    def _judge(self, answer: Any) -> None:
-        self._check_form(answer)
-        rtol, atol = self.tol
-        budget = TIME_LIMIT_S  # only the learner's code counts against the limit
+    def _judge(self, answer):
+        var, base, it = self.name.lower() if self.name[0] == "Q" else "q1", self.form, kind(answer)
+        call = f"`{var}.check({self.model_answer.__name__})`"
+        if base == "function" and (not callable(answer) or isinstance(answer, type)):
+            raise Incorrect(f"pass your function itself, {call} (without calling it), not {it}.")
+        if isinstance(base, type) and not (isinstance(answer, type) and issubclass(answer, base)):
+            why = f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}."
+            raise Incorrect(why)
+        budget, tol = TIME_LIMIT_S, self.tol  # only the learner's code counts against the limit
         for i in range(len(self.cases())):
             want = _outcome(self.observe, self.reference(), self._case(i))
             if "error" in want or "incorrect" in want:
-                raise _CheckerFailed(str(want.get("error") or want.get("incorrect"))[:300])
-            case = self._case(i)
+                why = f"the checker itself failed on its model answer ({str(want)[:300]}); please report it."
+                raise Incorrect(why)
             mine = _copy(answer) if self.form == "value" else answer
-            got, used = _bounded(lambda a=mine, c=case, w=want: _outcome(self.observe, a, c, w, self.tol), max(budget, 0.01))
+            observe = functools.partial(_outcome, self.observe, mine, self._case(i), want, tol)
+            got, used = _bounded(observe, max(budget, 0.01))
             budget -= used
-            key = _first_diff(got, want, rtol, atol)
+            key = _first_diff(got, want, *tol)
             if key is None:
                 continue
-            for mistake_name, mistake in self.mistakes.items():
-                seen = _outcome(self.observe, mistake, self._case(i), want, self.tol)
-                if _first_diff(seen, want, rtol, atol) == key and _same(seen[key], got[key], rtol, atol):
-                    raise Incorrect(self.reasons[mistake_name])
+            for name, mistake in self.mistakes.items():
+                seen = _outcome(self.observe, mistake, self._case(i), want, tol)
+                if _first_diff(seen, want, *tol) == key and _same(seen[key], got[key], *tol):
+                    raise Incorrect(self.reasons[name])
             raise Incorrect(self._explain(self._case(i), key, got[key], want.get(key)))
 
-    def _check_form(self, answer: Any) -> None:
-        call = f"`{self.name.lower() if self.name.startswith('Q') else 'q1'}.check({self.model_answer.__name__})`"
-        if self.form == "function" and (not callable(answer) or isinstance(answer, type)):
-            raise Incorrect(f"pass your function itself, {call} (without calling it), not {kind(answer)}.")
-        if isinstance(self.form, type) and not (isinstance(answer, type) and issubclass(answer, self.form)):
-            raise Incorrect(f"pass the class itself, {call} (no parentheses), a subclass of {self.form.__name__}; this is {kind(answer)}.")
-
-    def _explain(self, case: Any, key: str, got: Any, want: Any) -> str:
-        if key == "incorrect":
-            return got
-        if key == "error":
-            return got.explanation
-        where = self.describe(case)
-        where = f"{where[:1].upper()}{where[1:]}, " if where else ""
+    def _explain(self, case, key, got, want):
+        if key in ("incorrect", "error"):
+            return got if key == "incorrect" else _explain_exception(got)
         if key == "result" and self.form == "value":
             return f"{_show(got, want)} is not right. {self.hints[0]}"
+        where, tol = self.describe(case), self.tol
+        where = f"{where[:1].upper()}{where[1:]}, " if where else ""
         if key == "result":
             key = f"what `{self.model_answer.__name__}` returns"
-        while isinstance(got, list | tuple) and isinstance(want, list | tuple) and len(got) == len(want) and any(
-                isinstance(w, torch.Tensor) for w in want):  # point at the first tensor that differs
-            i = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if not _same(g, w, *self.tol))
+        while all(isinstance(x, list | tuple) for x in (got, want)) and len(got) == len(want):
+            if not any(isinstance(w, torch.Tensor) for w in want):
+                break  # point at the first tensor that differs
+            i = next(i for i, p in enumerate(zip(got, want, strict=True)) if not _same(*p, *tol))
             key, got, want = f"{key} (item {i})", got[i], want[i]
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
             return f"{where}{key} {_tensor_diff(got, want)}."
         return f"{where}{key} is {_show(got, want)}, but it should be {_show(want, got)}."
-
-    def _result(self, status: str, message: str) -> CheckResult:
-        return CheckResult(self.name, status, message)
