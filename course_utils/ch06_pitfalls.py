@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from .device import one_main_thread
+from .dist import single_process_group
 from .models import MLP
 
 # ---------------------------------------------------------------------------------------------
@@ -221,24 +221,6 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
 # ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def single_process_group(backend: str = "gloo") -> Iterator[None]:
-    """A process group of one process (rank 0 of 1) in this process, enough to build a DDP model
-    in a notebook; a file store in a temporary folder (no port); always torn down."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        raise RuntimeError(
-            "a process group already exists in this process; call "
-            "torch.distributed.destroy_process_group() first."
-        )
-    with tempfile.TemporaryDirectory() as folder:
-        store = dist.FileStore(os.path.join(folder, "store"), 1)
-        dist.init_process_group(backend, store=store, rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def ddp_forward(x: torch.Tensor, device: str | None = None) -> tuple[torch.Tensor, bool]:

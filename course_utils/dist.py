@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -141,11 +144,21 @@ def rprint(*args: object) -> None:
     sys.stdout.flush()
 
 
+@contextlib.contextmanager
+def single_process_group(backend: str = "gloo") -> Iterator[None]:
+    """A process group of one process (rank 0 of 1) in this process, enough to build a DDP model
+    in a notebook; a file store in a temporary folder (no port); always torn down."""
+    import torch.distributed as dist
 
-
-
-
-
-
-
-
+    if dist.is_initialized():
+        raise RuntimeError(
+            "a process group already exists in this process; call "
+            "torch.distributed.destroy_process_group() first."
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

@@ -128,13 +128,6 @@ def test_ddp_forward_on_a_gpu():
         F.cross_entropy(out, torch.zeros(4, dtype=torch.long))
 
 
-def test_single_process_group_refuses_nesting():
-    with pitfalls.single_process_group(), pytest.raises(RuntimeError, match="already exists"):
-        with pitfalls.single_process_group():
-            pass
-    assert not torch.distributed.is_initialized()
-
-
 def test_graph_size_grows_with_a_running_loss_total():
     assert pitfalls.graph_size(3.0) == (0, 0)
     x = torch.ones(10, requires_grad=True)

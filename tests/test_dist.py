@@ -12,8 +12,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from course_utils import ROOT
+from course_utils.dist import single_process_group
 
 RUNS = [
     ("ddp_equals_big_batch.py", ["--out", "{out}"], 3),
@@ -32,3 +34,10 @@ def test_script_exits_cleanly_every_time(script, args, times, tmp_path):
         r = subprocess.run(cmd, cwd=ROOT / "notebooks", capture_output=True, text=True, timeout=300)
         text = r.stdout + r.stderr
         assert r.returncode == 0 and "terminate called" not in text, f"run {k + 1} of {script}:\n{text[-3000:]}"
+
+
+def test_single_process_group_refuses_nesting():
+    with single_process_group(), pytest.raises(RuntimeError, match="already exists"):
+        with single_process_group():
+            pass
+    assert not torch.distributed.is_initialized()
