@@ -216,12 +216,17 @@ STRESS_SCRIPTS = [
 STRESS_LOGS = ROOT / ".stress"
 
 
-def script_command(script, nproc, args, out, py=None):
-    """The terminal command of a script's normal mode (see STRESS_SCRIPTS), run from notebooks/."""
+def script_command(script, nproc, args, out, py=None, engine="torchrun"):
+    """The terminal command of a script's normal mode (see STRESS_SCRIPTS), run from notebooks/;
+    engine "warm": the course's launcher with ranks forked from its warm server."""
     py = py or str(venv_python())
+    args = [a.replace("{out}", out) for a in args]
+    if nproc and engine == "warm":
+        return [py, "-m", "course_utils", "launch", "scripts/" + script, "--nproc", str(nproc),
+                "--engine", "warm", "--quiet", "--"] + args
     cmd = [py, "scripts/" + script] if nproc == 0 else [
         py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "scripts/" + script]
-    return cmd + [a.replace("{out}", out) for a in args]
+    return cmd + args
 
 
 def _show(cmd):
@@ -229,13 +234,13 @@ def _show(cmd):
     return " ".join(re.sub(r".*[/\\]stress-[^/\\]*", "DIR", c) for c in shown)
 
 
-def run_script(script, nproc, args, env, py=None, timeout=600):
+def run_script(script, nproc, args, env, py=None, timeout=600, engine="torchrun"):
     """Run one script in its normal mode, in a fresh folder for "{out}"; returns (ok, exit code,
     output, seconds, command shown). It fails on a non-zero exit, a timeout, or an abort message."""
     import tempfile
 
     out = tempfile.mkdtemp(prefix="stress-")
-    cmd = script_command(script, nproc, args, out, py=py)
+    cmd = script_command(script, nproc, args, out, py=py, engine=engine)
     t0 = time.time()
     try:
         r = subprocess.run(cmd, cwd=str(NOTEBOOKS), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -250,8 +255,9 @@ def run_script(script, nproc, args, env, py=None, timeout=600):
 
 
 def stress_scripts(runs, timeout=600, only=()):
-    """Run every script `runs` times; a run fails on a non-zero exit, a timeout, or an abort
-    message in its output. Returns rows (command, runs, failures, median s, failing logs)."""
+    """Run every script `runs` times with torchrun, and the distributed ones `runs` times more with
+    the course's warm launcher; a run fails on a non-zero exit, a timeout, or an abort message in
+    its output. Returns rows (command, runs, failures, median s, failing logs)."""
     import statistics
 
     STRESS_LOGS.mkdir(exist_ok=True)
@@ -259,18 +265,20 @@ def stress_scripts(runs, timeout=600, only=()):
     for script, nproc, args in STRESS_SCRIPTS:
         if only and script not in only:
             continue
-        times, failed = [], []
-        shown = None
-        for k in range(runs):
-            ok, rc, text, seconds, shown = run_script(script, nproc, args, venv_env(), timeout=timeout)
-            times.append(seconds)
-            if not ok:
-                log = STRESS_LOGS / ("%s.run%d.log" % (script, k + 1))
-                log.write_text("$ %s\nexit code %d\n%s" % (shown, rc, text))
-                failed.append(str(log.relative_to(ROOT)))
-            print("  %-26s run %2d/%d  %s  %5.1f s" % (script, k + 1, runs, "ok  " if ok else "FAIL", seconds),
-                  flush=True)
-        rows.append((shown, runs, len(failed), statistics.median(times), failed))
+        for engine in ("torchrun", "warm") if nproc else ("torchrun",):
+            times, failed = [], []
+            shown = None
+            for k in range(runs):
+                ok, rc, text, seconds, shown = run_script(script, nproc, args, venv_env(), timeout=timeout,
+                                                          engine=engine)
+                times.append(seconds)
+                if not ok:
+                    log = STRESS_LOGS / ("%s.%s.run%d.log" % (script, engine, k + 1))
+                    log.write_text("$ %s\nexit code %d\n%s" % (shown, rc, text))
+                    failed.append(str(log.relative_to(ROOT)))
+                print("  %-26s %-8s run %2d/%d  %s  %5.1f s" % (
+                    script, engine, k + 1, runs, "ok  " if ok else "FAIL", seconds), flush=True)
+            rows.append((shown, runs, len(failed), statistics.median(times), failed))
     return rows
 
 

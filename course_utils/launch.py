@@ -5,19 +5,24 @@ Command line: ``python -m course_utils launch SCRIPT --nproc 2 -- ARGS``."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import html
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +85,8 @@ class LaunchResult:
     log_dir: str = field(repr=False)
     restarts: int = field(default=0, repr=False)
     attempts: list[list[str]] = field(default_factory=list, repr=False)
+    engine: str = field(default="torchrun", repr=False)  # what started the ranks: "warm" or "torchrun"
+    command: str = field(default="", repr=False)  # the same job as a terminal command
 
     def lines(self, rank: int) -> list[str]:
         """Rank `rank`'s stdout as a list of lines."""
@@ -181,9 +188,10 @@ def _alive(pid: int) -> bool:
 
 class _Torchrun:
     """How the ranks are started: PyTorch's launcher, ``python -m torch.distributed.run``, in a
-    session of its own. The rest reads only ``nproc``, ``logs`` (the folder) and the methods below
-    (``output`` in torchrun's words), so another engine offering them (say, ranks forked from a
-    warm server) can take its place."""
+    session of its own. The rest reads only ``nproc``, ``logs`` (the folder) and the methods below,
+    so another engine offering them (``_Warm``: ranks forked from a warm server) can take its place."""
+
+    name = "torchrun"
 
     def __init__(
         self, script: str, nproc: int, argv: list, restarts: int, cwd: Path, env: dict, logs: Path
@@ -221,6 +229,10 @@ class _Torchrun:
         """What the launcher itself wrote (its summary of the failures, ...)."""
         return (self.logs / "launcher.log").read_text(errors="replace")
 
+    def failures(self) -> tuple[dict[int, int], int | None]:
+        """({rank: exit code} of the ranks that failed, the first that failed or None)."""
+        return _failures(self.output())
+
     def pids(self) -> set[int]:
         """Live processes of the job (workers run in sessions of their own: the launcher's process
         group misses them). Linux: those whose environment holds its JOB_VAR (a zombie's shows
@@ -252,27 +264,399 @@ class _Torchrun:
         if os.name != "posix":  # pragma: no cover - the course runs on Linux and macOS
             self.proc.kill()
             return
-        pids = self.pids() | ({self.proc.pid} if self.poll() is None else set())  # not reaped
-        # SIGKILL more than once: a launcher in the middle of a restart may start new workers.
-        for sig in [signal.SIGTERM] + [signal.SIGKILL] * 5:
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    if os.getpgid(pid) == pid:  # each worker leads its own process group
-                        os.killpg(pid, sig)
-                with contextlib.suppress(OSError):
-                    os.kill(pid, sig)
-            end = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else 0.05)
-            while any(map(_alive, pids)) and time.monotonic() < end:
-                time.sleep(0.05)
-                self.poll()  # reaps the launcher once it has exited
-            pids = {p for p in pids | self.pids() if _alive(p)}
-            if not pids:
-                break
+        launcher = {self.proc.pid} if self.poll() is None else set()  # not reaped yet
+        _stop(self.pids, launcher, self.poll)  # (poll reaps the launcher once it has exited)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
 
-def _supervise(job: _Torchrun, display: _Quiet, timeout: float | None) -> tuple:
+def _stop(find: Callable[[], set[int]], also: Iterable[int] = (), reap: Callable = lambda: None) -> None:
+    """SIGTERM the processes `find()` returns (and `also`), each one's process group too, SIGKILL
+    what is left after GRACE_S, until `find()` finds none."""
+    pids = find() | set(also)
+    # SIGKILL more than once: a launcher in the middle of a restart may start new workers.
+    for sig in [signal.SIGTERM] + [signal.SIGKILL] * 5:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == pid:  # each worker leads its own process group
+                    os.killpg(pid, sig)
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        end = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else 0.05)
+        while any(map(_alive, pids)) and time.monotonic() < end:
+            time.sleep(0.05)
+            reap()
+        pids = {p for p in pids | find() if _alive(p)}
+        if not pids:
+            break
+
+
+# --- the warm engine: ranks forked from a server that imported torch once --------------------
+
+_WARM_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    """Linux: `sig` to this process when its parent dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(sig))  # PR_SET_PDEATHSIG
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The exit status of ``sys.exit(exc.code)``, as Python computes it (a message: 1)."""
+    if exc.code is None or isinstance(exc.code, bool | int):
+        return int(exc.code or 0) & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _run_rank(job: dict, rank: int, reply_fd: int) -> None:
+    """In a forked child of the server: become rank `rank` of `job` as ``python SCRIPT ARGS`` started
+    by torchrun would be (own session, environment, working directory, ``__main__``, log files), run
+    the script, exit with its status. Never returns."""
+    code = 1
+    try:
+        os.setsid()  # a process group of its own, as torchrun's workers: stopped as a whole
+        _prctl_pdeathsig(signal.SIGKILL)  # the server gone (killed): its ranks go too
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.close(reply_fd)
+        os.chdir(job["cwd"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
+            log = os.open(Path(job["logs"], str(rank), name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(log, fd)
+            os.close(log)
+        import io
+        import types
+
+        def stream(fd: int, errors: str) -> io.TextIOWrapper:  # as PYTHONUNBUFFERED=1 makes them
+            raw = io.FileIO(fd, "w", closefd=False)
+            return io.TextIOWrapper(raw, "utf-8", errors, line_buffering=True, write_through=True)
+
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = sys.__stdout__ = stream(1, "strict")
+        sys.stderr = sys.__stderr__ = stream(2, "backslashreplace")
+        env = job["envs"][rank]
+        os.environ.clear()
+        os.environ.update(env)
+        script = os.path.abspath(job["script"])
+        sys.argv = [job["script"], *job["argv"]]
+        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[0:1] = [os.path.dirname(os.path.realpath(script)), *extra]
+        main = types.ModuleType("__main__")
+        main.__file__, main.__builtins__ = script, __builtins__
+        sys.modules["__main__"] = main
+        try:
+            with open(script, "rb") as fh:
+                source = fh.read()
+            exec(compile(source, script, "exec"), main.__dict__)
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc)
+        except BaseException:
+            kind, value, tb = sys.exc_info()
+            tb = tb.tb_next if tb else tb  # the traceback starts in the script, not here
+            sys.excepthook(kind, value.with_traceback(tb) if value else value, tb)
+            code = 1
+        import atexit
+        import threading
+
+        with contextlib.suppress(BaseException):
+            threading._shutdown()  # wait for non-daemon threads, as the interpreter does at exit
+        atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _serve() -> None:
+    """The warm server, one per kernel: imports torch once and never runs torch work itself (so it
+    has one thread and fork is safe; it never initialises CUDA: the ranks do). It reads one job
+    per line on stdin (JSON: script, argv, cwd, envs, logs), forks the ranks and answers on stdout
+    ``{"pids": [...]}``, then ``{"codes": {rank: exit code}, "root": first failing rank}``. When a
+    rank fails, the others get SIGTERM, then SIGKILL after GRACE_S, as torchrun does. Its caller
+    gone (end of input, or SIGTERM from its parent's death): it kills every rank and exits."""
+    import importlib
+    import json
+    import select
+
+    for name in _WARM_IMPORTS:
+        importlib.import_module(name)
+    reply_fd = os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing but replies on the reply pipe
+    groups: set[int] = set()
+
+    def kill(sig: int) -> None:
+        for group in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(group, sig)
+
+    def bye(*_: object) -> None:
+        kill(signal.SIGKILL)
+        os._exit(0)
+
+    def send(**msg: object) -> None:
+        os.write(reply_fd, (json.dumps(msg) + "\n").encode())
+
+    signal.signal(signal.SIGTERM, bye)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt stops a job via its client
+    send(ready=os.getpid())
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            data = os.read(0, 1 << 16)
+            if not data:
+                bye()
+            buf += data
+        line, buf = buf.split(b"\n", 1)
+        job = json.loads(line)
+        if _threads() > 1:  # (never seen: the imports above start no thread)
+            send(error=f"the warm server has {_threads()} threads, so forking it is unsafe")
+            continue
+        pids: list[int] = []
+        for rank in range(len(job["envs"])):
+            pid = os.fork()
+            if pid == 0:
+                _run_rank(job, rank, reply_fd)
+            pids.append(pid)
+            groups.add(pid)
+        send(pids=pids)
+        codes: dict[int, int] = {}
+        root, kill_at = None, float("inf")
+        while len(codes) < len(pids):
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid in pids:
+                rank = pids.index(pid)
+                codes[rank] = os.waitstatus_to_exitcode(status)
+                if codes[rank] != 0 and root is None:
+                    root, kill_at = rank, time.monotonic() + GRACE_S
+                    kill(signal.SIGTERM)
+                continue
+            if time.monotonic() > kill_at:
+                kill(signal.SIGKILL)
+            if select.select([0], [], [], 0.005)[0]:
+                data = os.read(0, 1 << 16)
+                if not data:
+                    bye()
+                buf += data  # (a client sends its next job only after this one's answer)
+        groups.clear()
+        send(codes=codes, root=root)
+
+
+class _Server:
+    """A warm server process (see ``_serve``) and its pipes. Idle servers wait in a pool for the
+    next job; one job at a time each (two jobs at once: two servers)."""
+
+    idle: list[_Server] = []
+    lock = threading.Lock()
+    START_S = 180.0  # seconds to import torch on a slow, loaded machine
+
+    def __init__(self) -> None:
+        env = {**os.environ, **_ONE_THREAD, "PYTHONUNBUFFERED": "1"}
+        paths = (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH"))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        env.pop(JOB_VAR, None)
+        cmd = [sys.executable, "-c", "from course_utils.launch import _serve; _serve()"]
+        cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
+        self.errors = tempfile.TemporaryFile()
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, stderr=self.errors, env=env,
+                                     start_new_session=True)
+        self.buf, self.thread = b"", threading.get_ident()
+        try:
+            ready = self.read(self.START_S)
+        except EOFError:
+            ready = None
+        if not ready or "ready" not in ready:
+            self.close()
+            self.errors.seek(0)
+            why = self.errors.read().decode(errors="replace").strip().splitlines()[-1:]
+            raise OSError(f"the warm launcher did not start{': ' + why[0] if why else ''}")
+
+    @classmethod
+    def acquire(cls) -> _Server:
+        with cls.lock:
+            while cls.idle:
+                server = cls.idle.pop()
+                if server.proc.poll() is None:
+                    return server
+                server.close()
+        return cls()
+
+    def release(self) -> None:
+        """Back to the pool, unless a thread other than the main one started it: Linux sends the
+        parent-death signal when that thread ends, so the server would die under a later job."""
+        if self.thread != threading.main_thread().ident:
+            self.close()
+            return
+        with self.lock:
+            self.idle.append(self)
+
+    def send(self, msg: dict) -> None:
+        import json
+
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def read(self, timeout: float) -> dict | None:
+        """The server's next message, or None if none comes within `timeout` seconds; EOFError if
+        the server is gone."""
+        import json
+        import select
+
+        end = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = end - time.monotonic()
+            if not select.select([fd], [], [], max(0.0, left))[0]:
+                return None
+            data = os.read(fd, 1 << 16)
+            if not data:
+                raise EOFError("the warm launcher's server is gone")
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()  # end of input: the server kills what is left and exits
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.errors):
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
+
+
+@atexit.register
+def _close_servers() -> None:
+    while _Server.idle:
+        _Server.idle.pop().close()
+
+
+class _Warm:
+    """How the ranks are started: forked from a warm server (``_serve``), each as torchrun would
+    start it (same variables; ``TORCHELASTIC_USE_AGENT_STORE=False``: rank 0 hosts the store, on a
+    free port). Offers what ``_Torchrun`` offers. No elastic restarts, one node: that is torchrun's."""
+
+    name = "warm"
+
+    def __init__(
+        self, script: str, nproc: int, argv: list, restarts: int, cwd: Path, env: dict, logs: Path
+    ) -> None:
+        assert restarts == 0, "elastic restarts are torchrun's"
+        self.nproc, self.logs, self.job_id = nproc, logs, env[JOB_VAR]
+        self.rc: int | None = None
+        self.codes: dict[int, int] = {}
+        self.root: int | None = None
+        self.note = ""
+        folder = logs / "warm" / "attempt_0"
+        run_id, port = uuid.uuid4().hex, free_port()
+        envs = []
+        for r in range(nproc):
+            (folder / str(r)).mkdir(parents=True)
+            envs.append({
+                **env, "RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0",
+                "ROLE_RANK": str(r), "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc),
+                "WORLD_SIZE": str(nproc), "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "localhost", "MASTER_PORT": str(port),
+                "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+                "TORCHELASTIC_ERROR_FILE": str(folder / str(r) / "error.json"),
+                "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            })
+        job = {"script": script, "argv": argv, "cwd": str(cwd), "envs": envs, "logs": str(folder)}
+        self.folder, self.server = folder, _Server.acquire()
+        try:
+            self.server.send(job)
+            started = self.server.read(_Server.START_S)
+        except (OSError, EOFError, ValueError) as exc:
+            self.server.close()
+            raise OSError(f"the warm launcher failed: {exc}") from exc
+        if not started or "pids" not in started:
+            self.server.close()
+            raise OSError(f"the warm launcher failed: {(started or {}).get('error', 'no answer')}")
+        self.ranks: list[int] = started["pids"]
+
+    def poll(self) -> int | None:
+        return self._answer(0.0)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking when the job ends."""
+        self._answer(seconds)
+
+    def _answer(self, timeout: float) -> int | None:
+        if self.rc is None and self.server is not None:
+            try:
+                msg = self.server.read(timeout)
+            except (EOFError, OSError, ValueError):
+                self.rc, self.note = 1, "The warm launcher's server died during the job."
+                self.server.close()
+                self.server = None
+                return self.rc
+            if msg is not None:
+                self.codes = {int(r): c for r, c in msg["codes"].items()}
+                self.root = msg["root"]
+                self.rc = 1 if any(self.codes.values()) else 0
+                self.server.release()
+                self.server = None
+        return self.rc
+
+    def attempt_dirs(self) -> dict[int, Path]:
+        return {0: self.folder}
+
+    def output(self) -> str:
+        lines = [f"rank {r} exited with {_describe_exit(c)}" for r, c in sorted(self.codes.items())]
+        return "\n".join([*lines, self.note]).strip()
+
+    def failures(self) -> tuple[dict[int, int], int | None]:
+        return {r: c for r, c in self.codes.items() if c}, self.root
+
+    def pids(self) -> set[int]:
+        """Live processes of the job: the ranks and every process in their sessions, and any
+        process whose environment holds the job's JOB_VAR (one that left the session)."""
+        found, sessions = set(), {str(p).encode() for p in self.ranks}
+        marker = f"{JOB_VAR}={self.job_id}\0".encode()
+        for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
+            with contextlib.suppress(OSError, IndexError):
+                stat = Path(f"/proc/{pid}/stat").read_bytes()
+                if stat[stat.rfind(b")") + 2 :].split()[3] in sessions:
+                    found.add(pid)
+                elif marker in Path(f"/proc/{pid}/environ").read_bytes():
+                    found.add(pid)
+        return {p for p in found if _alive(p)} - {os.getpid()}
+
+    def stop(self) -> None:
+        """Stop every process of the job (see ``_stop``); the server, told by its ranks' ends,
+        answers and goes back to the pool; one that does not answer is closed."""
+        _stop(self.pids)
+        if self.server is not None:
+            self._answer(10.0)
+        if self.server is not None:  # no answer: not to be trusted with another job
+            self.server.close()
+            self.server = None
+
+
+def _supervise(job: _Torchrun | _Warm, display: _Quiet, timeout: float | None) -> tuple:
     """Watch the job until it exits or `timeout` passes, then stop every process of it (the whole
     job, or what it left running); on an interrupt too. Returns (exit code|None, seconds, logs)."""
     logs, t0 = _Logs(job.nproc), time.monotonic()
@@ -307,9 +691,13 @@ class _Quiet:
 
 
 class _Terminal(_Quiet):
-    """Every line as it comes, with a ``[rank N]`` prefix; the ranks' stderr to stderr."""
+    """The job's command first, then every line as it comes, with a ``[rank N]`` prefix; the ranks'
+    stderr to stderr."""
 
     attempt = 0
+
+    def __init__(self, title: str) -> None:
+        print(f"[launcher] {title}", file=sys.stderr, flush=True)
 
     def show(self, logs: _Logs, new: list[tuple]) -> None:
         for n, r, out, err in new:
@@ -413,9 +801,9 @@ def _blame(failures: dict[int, int], root: int | None, stderr: list[list[str]]) 
     return root
 
 
-def _failure(job: _Torchrun, rc: int, script: str, nproc: int, **info: Any) -> LaunchError:
+def _failure(job: _Torchrun | _Warm, rc: int, script: str, nproc: int, **info: Any) -> LaunchError:
     """The error of a failed job: the rank to blame with its traceback, or the launcher's output."""
-    failures, root = _failures(job.output())
+    failures, root = job.failures()
     rank = _blame(failures, root, [e.splitlines() for e in info["stderr"]])
     where = info["log_dir"]
     if rank is None:
@@ -446,10 +834,13 @@ def torchrun(
     show: bool = True,
     *,
     cwd: str | os.PathLike | None = None,
+    engine: str | None = None,
 ) -> LaunchResult:
     """Run `script` (relative to `cwd`, by default the current directory: ``notebooks/`` in a
-    notebook) on `nproc` local processes with ``python -m torch.distributed.run``, each rank with
-    one thread and its own log files. `backend` None: ``COURSE_BACKEND`` if set, else nccl with a
+    notebook) on `nproc` local processes as ``torchrun --standalone`` would, each rank with one
+    thread and its own log files. `engine`: "torchrun" runs ``python -m torch.distributed.run``;
+    "warm" forks the ranks from a server that imported torch once (a fraction of a second instead
+    of seconds; Linux, no restarts); None: ``COURSE_LAUNCHER`` if set, else warm where it can. `backend` None: ``COURSE_BACKEND`` if set, else nccl with a
     GPU per rank, else gloo. `timeout`: seconds (None: no limit). `env`: more variables for the
     ranks. `show`: in Jupyter a live widget, then the output grouped by rank; in a terminal, lines
     streamed with a ``[rank N]`` prefix. Raises ``LaunchError`` naming a failing rank with its
@@ -468,6 +859,7 @@ def torchrun(
         raise ValueError(f"timeout must be a positive number of seconds or None; got {timeout!r}.")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be 0 or more; got {max_restarts!r}.")
+    engine = _choose_engine(engine, max_restarts)
     from .dist import check_backend, choose_backend  # imports torch: only when launching
 
     extra = {k: str(v) for k, v in (env or {}).items()}
@@ -482,9 +874,21 @@ def torchrun(
     run_env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), COURSE_BACKEND=backend)
     run_env[JOB_VAR] = uuid.uuid4().hex
 
-    job = _Torchrun(script_str, nproc, [str(a) for a in args], max_restarts, base, run_env, log_dir)
-    title = f"torchrun {script_str} on {nproc} processes ({backend})"
-    display = (_Notebook(title) if _in_notebook() else _Terminal()) if show else _Quiet()
+    argv = [str(a) for a in args]
+    command = _command(script_str, nproc, argv, max_restarts)
+    job: _Torchrun | _Warm
+    try:
+        job = (_Warm if engine == "warm" else _Torchrun)(
+            script_str, nproc, argv, max_restarts, base, run_env, log_dir
+        )
+    except OSError as exc:  # the warm server could not start: the real torchrun does the job
+        if engine != "warm":
+            raise
+        warnings.warn(f"{exc}; running the job with torchrun instead", RuntimeWarning, stacklevel=2)
+        shutil.rmtree(log_dir / "warm", ignore_errors=True)
+        job = _Torchrun(script_str, nproc, argv, max_restarts, base, run_env, log_dir)
+    title = f"{command}   [{backend}, {job.name} engine]"
+    display = (_Notebook(title) if _in_notebook() else _Terminal(title)) if show else _Quiet()
     rc, elapsed, logs = _supervise(job, display, timeout)
     out, err = [o.text() for o, _ in logs.last()], [e.text() for _, e in logs.last()]
     info = {"log_dir": str(log_dir), "logs": out, "stderr": err, "elapsed": elapsed}
@@ -502,8 +906,38 @@ def torchrun(
     attempts = [[o.text() for o, _ in ranks] for _, ranks in sorted(logs.attempts.items())]
     restarts = max(logs.attempts, default=0)
     return LaunchResult(
-        script_str, nproc, backend, 0, elapsed, out, err, str(log_dir), restarts, attempts
+        script_str, nproc, backend, 0, elapsed, out, err, str(log_dir), restarts, attempts,
+        engine=job.name, command=command,
     )
+
+
+ENGINES = ("warm", "torchrun")
+
+
+def _choose_engine(engine: str | None, max_restarts: int) -> str:
+    """The engine to use: `engine`, else $COURSE_LAUNCHER, else warm unless the job needs torchrun
+    (elastic restarts) or the system cannot fork a warm server safely (only Linux is tested)."""
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES} or None; got {engine!r}.")
+    if engine == "warm" and max_restarts:
+        raise ValueError(
+            "elastic restarts (max_restarts > 0) are torchrun's: its agent restarts the ranks. "
+            "Use engine='torchrun' (or leave engine=None, which chooses torchrun for them)."
+        )
+    preferred = os.environ.get("COURSE_LAUNCHER") or "warm"
+    if engine is None and preferred not in ENGINES:
+        raise ValueError(f"COURSE_LAUNCHER must be one of {ENGINES}; got {preferred!r}.")
+    if engine is None:
+        can_warm = sys.platform.startswith("linux") and not max_restarts
+        engine = preferred if can_warm else "torchrun"
+    return engine
+
+
+def _command(script: str, nproc: int, argv: list[str], max_restarts: int) -> str:
+    """The job as a learner would type it in a terminal."""
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    opts = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", *restarts]
+    return shlex.join([*opts, script, *argv])
 
 
 def main(argv: list[str]) -> int:
@@ -520,9 +954,12 @@ def main(argv: list[str]) -> int:
     add("--backend", choices=["gloo", "nccl"], help="default: nccl with a GPU per rank, else gloo")
     add("--timeout", type=float, default=300.0, help="seconds (default 300)")
     add("--quiet", action="store_true", help="do not stream the ranks' output")
+    add("--engine", choices=ENGINES, help="default: warm on Linux (ranks forked from a server "
+        "that imported torch once), else torchrun; $COURSE_LAUNCHER sets it too")
     o = parser.parse_args(argv[:cut])
     try:
         kw = {"nproc": o.nproc, "timeout": o.timeout, "backend": o.backend, "show": not o.quiet}
+        kw["engine"] = o.engine
         result = torchrun(o.script, args=argv[cut + 1 :], **kw)
     except LaunchError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

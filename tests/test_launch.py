@@ -1,11 +1,13 @@
 """course_utils.launch: real 2-rank jobs (success, a failing rank, a hung job), bad arguments, the CLI.
 
-Each launch starts ``python -m torch.distributed.run`` (a few seconds); the scripts live in
-tests/scripts/ and the ones that do not need torch (hang, two_ranks) avoid importing it.
+The real jobs run on both engines (the ``engine`` fixture): ranks forked from the warm server, and
+``python -m torch.distributed.run`` (a few seconds a launch). The scripts live in tests/scripts/
+and the ones that do not need torch (hang, two_ranks, env_dump) avoid importing it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -55,19 +57,44 @@ def sanitize(text: str) -> str:
     return text
 
 
+WARM_RANKS: list[int] = []  # every rank the warm engine started in this process (see `engine`)
+
+
 def tagged_processes(tag: str) -> list[int]:
-    """Live processes whose environment holds LAUNCH_TEST_TAG=tag (zombies show no environment)."""
+    """Live processes whose environment holds LAUNCH_TEST_TAG=tag (zombies show no environment),
+    and those in the session of a rank the warm engine started (a forked rank's /proc environ is
+    its server's: the variables it was given do not show there)."""
     marker = f"LAUNCH_TEST_TAG={tag}\0".encode()
+    sessions = {str(p).encode() for p in WARM_RANKS}
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/environ", "rb") as fh:
-                    if marker in fh.read():
-                        found.append(int(name))
+                    env = fh.read()
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    stat = fh.read()
             except OSError:
-                pass
+                continue
+            rest = stat[stat.rfind(b")") + 2:].split()
+            if rest[0] != b"Z" and (marker in env or rest[3] in sessions):
+                found.append(int(name))
     return found
+
+
+@pytest.fixture(params=launch.ENGINES)
+def engine(request, monkeypatch):
+    """Run the test once per engine (COURSE_LAUNCHER, which torchrun() reads when engine=None);
+    the warm engine's ranks are recorded for tagged_processes."""
+    monkeypatch.setenv("COURSE_LAUNCHER", request.param)
+    init = launch._Warm.__init__
+
+    def recording(self, *a, **k):
+        init(self, *a, **k)
+        WARM_RANKS.extend(self.ranks)
+
+    monkeypatch.setattr(launch._Warm, "__init__", recording)
+    return request.param
 
 
 def alive(pid: int) -> bool:
@@ -145,6 +172,29 @@ class _Started(Exception):
     pass
 
 
+def test_engine_choice(monkeypatch):
+    monkeypatch.delenv("COURSE_LAUNCHER", raising=False)
+    linux = sys.platform.startswith("linux")
+    assert launch._choose_engine(None, 0) == ("warm" if linux else "torchrun")
+    assert launch._choose_engine(None, 1) == "torchrun"  # elastic restarts: torchrun's agent
+    assert launch._choose_engine("torchrun", 0) == "torchrun"
+    with pytest.raises(ValueError, match="elastic restarts .* are torchrun's"):
+        launch._choose_engine("warm", 1)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        launch._choose_engine("fast", 0)
+    monkeypatch.setenv("COURSE_LAUNCHER", "torchrun")
+    assert launch._choose_engine(None, 0) == "torchrun"
+    monkeypatch.setenv("COURSE_LAUNCHER", "warm")
+    assert launch._choose_engine(None, 2) == "torchrun"  # a preference, not a demand
+    monkeypatch.setenv("COURSE_LAUNCHER", "tourchrun")
+    with pytest.raises(ValueError, match="COURSE_LAUNCHER must be one of"):
+        launch._choose_engine(None, 0)
+    assert launch._command("s.py", 2, ["--out", "a b"], 0) == (
+        "torchrun --standalone --nproc-per-node=2 s.py --out 'a b'")
+    assert launch._command("s.py", 3, [], 1) == (
+        "torchrun --standalone --nproc-per-node=3 --max-restarts=1 s.py")
+
+
 def test_command_and_environment_of_the_ranks(monkeypatch):
     seen = {}
 
@@ -157,7 +207,7 @@ def test_command_and_environment_of_the_ranks(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "64")  # replaced: one thread per rank on any machine
     with pytest.raises(_Started):
         torchrun(f"{SCRIPTS}/two_ranks.py", nproc=3, args=[5, Path("x")], max_restarts=2,
-                 env={"EXTRA": 1}, show=False, cwd=ROOT)
+                 env={"EXTRA": 1}, show=False, cwd=ROOT, engine="torchrun")
     cmd = seen["cmd"]
     run = cmd.index("torch.distributed.run")
     assert cmd[run - 1] == "-m" and cmd[-3:] == [f"{SCRIPTS}/two_ranks.py", "5", "x"]
@@ -298,13 +348,14 @@ def test_cli_exit_codes_without_launching(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_success_per_rank_logs_and_grouped_output(notebook_mode, capsys):
+def test_success_per_rank_logs_and_grouped_output(notebook_mode, capsys, engine):
     from course_utils.dist import choose_backend
 
     result = torchrun(f"{SCRIPTS}/ok.py", nproc=2, args=["--lines", 3], env={"EXTRA": 7},
                       timeout=300, cwd=ROOT)
     assert result.returncode == 0 and result.nproc == 2 and result.restarts == 0
-    assert result.elapsed > 0
+    assert result.elapsed > 0 and result.engine == engine
+    assert result.command == f"torchrun --standalone --nproc-per-node=2 {SCRIPTS}/ok.py --lines 3"
     backend = choose_backend(2)
     omp = "1"
     for r in range(2):
@@ -322,12 +373,12 @@ def test_success_per_rank_logs_and_grouped_output(notebook_mode, capsys):
     assert "[rank 1] a warning on stderr" in out.err
     calls, views = notebook_mode
     assert_view_emptied(calls)
-    assert views[0].startswith(f"<b>torchrun {SCRIPTS}/ok.py on 2 processes")
+    assert views[0].startswith(f"<b>{result.command}   [{backend}, {engine} engine]</b>")
     assert views[-1].endswith("a warning on stderr</pre></td></tr></table>")  # it saw the end
 
 
 @pytest.mark.slow
-def test_two_jobs_at_once_stream_whole_lines(capsys):
+def test_two_jobs_at_once_stream_whole_lines(capsys, engine):
     """Two jobs at the same time (each gets its own free port); lines stay whole and in order."""
     other: dict[str, object] = {}
 
@@ -357,7 +408,7 @@ def test_two_jobs_at_once_stream_whole_lines(capsys):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
-def test_failing_rank_is_named_promptly(notebook_mode, capsys):
+def test_failing_rank_is_named_promptly(notebook_mode, capsys, engine):
     tag = uuid.uuid4().hex
     script = f"{SCRIPTS}/fail.py"
     with pytest.raises(LaunchError) as info:
@@ -393,7 +444,7 @@ def test_failing_rank_is_named_promptly(notebook_mode, capsys):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
-def test_hung_job_is_killed_at_its_timeout(tmp_path):
+def test_hung_job_is_killed_at_its_timeout(tmp_path, engine):
     tag = uuid.uuid4().hex
     limit = 15.0
     t0 = time.monotonic()
@@ -424,7 +475,7 @@ def test_hung_job_is_killed_at_its_timeout(tmp_path):
 
 
 @pytest.mark.slow
-def test_command_line():
+def test_command_line(engine):
     cmd = [sys.executable, "-m", "course_utils", "launch", f"{SCRIPTS}/two_ranks.py", "--nproc", "2",
            "--timeout", "300", "--", "3"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -437,11 +488,15 @@ def test_command_line():
     missing = subprocess.run([*cmd[:4], "nope.py"], cwd=ROOT, capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "script not found: nope.py" in missing.stderr
+    # The equivalent terminal command and the engine, first, on stderr.
+    assert done.stderr.splitlines()[0] == (
+        f"[launcher] torchrun --standalone --nproc-per-node=2 {SCRIPTS}/two_ranks.py 3   "
+        f"[gloo, {engine} engine]")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
-def test_interrupt_stops_every_process(tmp_path):
+def test_interrupt_stops_every_process(tmp_path, engine):
     """Interrupting the kernel (KeyboardInterrupt) while a job runs stops the job too."""
     tag = uuid.uuid4().hex
     main = threading.main_thread().ident
@@ -473,14 +528,15 @@ def test_interrupt_stops_every_process(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
-def test_job_stops_when_its_caller_dies(tmp_path):
+def test_job_stops_when_its_caller_dies(tmp_path, engine):
     """A killed or restarted kernel takes its job with it (no orphans running forever)."""
     tag = uuid.uuid4().hex
     code = ("from course_utils.launch import torchrun\n"
             f"torchrun('{SCRIPTS}/hang.py', nproc=2, timeout=300, show=False,"
             f" env={{'HANG_PID_DIR': {str(tmp_path)!r}, 'LAUNCH_TEST_TAG': {tag!r}}})\n")
+    # The tag in the caller's environment: its launcher (or warm server) and their children show it.
     caller = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                              stderr=subprocess.DEVNULL, env={**os.environ, "LAUNCH_TEST_TAG": tag})
     try:
         end = time.monotonic() + 200
         while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
@@ -496,7 +552,7 @@ def test_job_stops_when_its_caller_dies(tmp_path):
 
 
 @pytest.mark.slow
-def test_failure_without_traceback_then_elastic_restart(notebook_mode, capsys, tmp_path):
+def test_failure_without_traceback_then_elastic_restart(notebook_mode, capsys, tmp_path, engine):
     script = f"{SCRIPTS}/two_ranks.py"
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -524,6 +580,65 @@ def test_failure_without_traceback_then_elastic_restart(notebook_mode, capsys, t
         "--- attempt 1 ---\n"
         + "".join(f"[rank {r}] {line}\n" for r in range(2) for line in result.lines(r))
     )
+
+
+@pytest.mark.slow
+def test_both_engines_start_a_rank_alike(tmp_path):
+    """The same variables (values differ only where they must: port, run id, log paths, who hosts
+    the store), argv, working directory, __file__, sys.path[0], __main__, empty stdin."""
+    seen = {}
+    for name in launch.ENGINES:
+        r = torchrun(f"{SCRIPTS}/env_dump.py", nproc=2, args=["a", "b c"], show=False, cwd=ROOT,
+                     engine=name, timeout=300)
+        assert r.engine == name
+        seen[name] = [json.loads(r.logs[k]) for k in range(2)]
+    for rank in range(2):
+        warm, real = seen["warm"][rank], seen["torchrun"][rank]
+        we, te = warm.pop("env"), real.pop("env")
+        assert warm == real and real["argv"] == [f"{SCRIPTS}/env_dump.py", "a", "b c"]
+        assert real["file"] == str(ROOT / SCRIPTS / "env_dump.py") and real["name"] == "__main__"
+        assert set(we) == set(te)
+        differ = {k for k in te if we[k] != te[k]}
+        assert differ <= {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
+                          "TORCHELASTIC_USE_AGENT_STORE", launch.JOB_VAR}, differ
+        assert we["RANK"] == te["RANK"] == we["LOCAL_RANK"] == str(rank)
+        assert we["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 hosts the store itself
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_warm_launch_after_heavy_multithreaded_torch_work():
+    """Fork-based launchers hang when the forking process holds thread pools and locks; the warm
+    server is a fresh process that never runs torch work, so a kernel's threads do not matter."""
+    code = (
+        "import threading, torch\n"
+        "torch.set_num_threads(4)\n"
+        "def work():\n"
+        "    for _ in range(20): torch.randn(300, 300) @ torch.randn(300, 300)\n"
+        "threads = [threading.Thread(target=work) for _ in range(4)]\n"
+        "[t.start() for t in threads]\n"
+        "from course_utils.launch import torchrun\n"
+        f"r = torchrun('{SCRIPTS}/two_ranks.py', nproc=2, args=[3], show=False, engine='warm')\n"
+        "[t.join() for t in threads]\n"
+        "r2 = torchrun('{SCRIPTS}/two_ranks.py', nproc=2, args=[3], show=False, engine='warm')\n"
+        "print(r.engine, r2.engine, r.lines(1)[-1])\n"
+    ).replace("{SCRIPTS}", SCRIPTS)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "warm warm rank 1 done, no newline at the end\n"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_a_dead_warm_server_is_replaced():
+    first = torchrun(f"{SCRIPTS}/two_ranks.py", nproc=2, args=[1], show=False, cwd=ROOT, engine="warm")
+    assert first.engine == "warm" and launch._Server.idle
+    for server in launch._Server.idle:
+        server.proc.kill()
+        server.proc.wait()
+    again = torchrun(f"{SCRIPTS}/two_ranks.py", nproc=2, args=[1], show=False, cwd=ROOT, engine="warm")
+    assert again.logs == first.logs and again.engine == "warm"
 
 
 def test_choose_backend_warns_when_a_gpu_node_has_fewer_gpus_than_processes():
