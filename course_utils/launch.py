@@ -294,7 +294,27 @@ def _stop(find: Callable[[], set[int]], also: Iterable[int] = (), reap: Callable
 # --- the warm engine: ranks forked from a server that imported torch once --------------------
 
 _WARM_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
-_ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# Variables that the interpreter, torch or its libraries may read once, at start-up or import
+# (TORCH_DISTRIBUTED_DEBUG and TORCH_LOGS are read by ``import torch``; PYTHONHASHSEED by Python):
+# a forked rank keeps what its server read, so a job runs on a server started with the same values.
+_IMPORT_TIME = (
+    "TORCH", "PYTORCH", "PYTHON", "CUDA", "CUBLAS", "CUDNN", "NCCL", "GLOO", "OMP_", "MKL",
+    "KMP_", "OPENBLAS", "LD_", "HIP", "ROCM",
+)
+
+
+def _import_time(env: Mapping[str, str]) -> tuple:
+    """The part of `env` that a server reads at start-up (see _IMPORT_TIME): the pool's key."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_IMPORT_TIME)))
+
+
+def _job_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of every rank: this one, one thread per rank (as torchrun's default, so the
+    numbers printed do not depend on cores), unbuffered output, `extra`, and the course on the path."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    paths = (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
 
 
 def _prctl_pdeathsig(sig: int) -> None:
@@ -460,44 +480,55 @@ def _serve() -> None:
 
 
 class _Server:
-    """A warm server process (see ``_serve``) and its pipes. Idle servers wait in a pool for the
-    next job; one job at a time each (two jobs at once: two servers)."""
+    """A warm server process (see ``_serve``) and its pipes, started with a job's environment.
+    Idle servers wait in a pool for the next job whose start-up variables (``_import_time``) are
+    the same; one job at a time each (two jobs at once: two servers)."""
 
     idle: list[_Server] = []
     lock = threading.Lock()
     START_S = 180.0  # seconds to import torch on a slow, loaded machine
 
-    def __init__(self) -> None:
-        env = {**os.environ, **_ONE_THREAD, "PYTHONUNBUFFERED": "1"}
-        paths = (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH"))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        env.pop(JOB_VAR, None)
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.key = _import_time(env)
+        env = {k: v for k, v in env.items() if k != JOB_VAR}
         cmd = [sys.executable, "-c", "from course_utils.launch import _serve; _serve()"]
         cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
         self.errors = tempfile.TemporaryFile()
         pipe = subprocess.PIPE
         self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, stderr=self.errors, env=env,
                                      start_new_session=True)
-        self.buf, self.thread = b"", threading.get_ident()
+        self.buf, self.thread, self.ready = b"", threading.get_ident(), False
+
+    def wait_ready(self) -> None:
+        """Wait until the server has imported torch; OSError (it is closed) if it does not."""
+        if self.ready:
+            return
         try:
-            ready = self.read(self.START_S)
+            msg = self.read(self.START_S)
         except EOFError:
-            ready = None
-        if not ready or "ready" not in ready:
+            msg = None
+        if not msg or "ready" not in msg:
             self.close()
             self.errors.seek(0)
             why = self.errors.read().decode(errors="replace").strip().splitlines()[-1:]
             raise OSError(f"the warm launcher did not start{': ' + why[0] if why else ''}")
+        self.ready = True
 
     @classmethod
-    def acquire(cls) -> _Server:
+    def acquire(cls, env: Mapping[str, str]) -> _Server:
+        """An idle server (ready) started with the same start-up variables as `env`, or a new one."""
+        key = _import_time(env)
         with cls.lock:
-            while cls.idle:
-                server = cls.idle.pop()
-                if server.proc.poll() is None:
-                    return server
+            for server in [s for s in cls.idle if s.proc.poll() is not None]:
+                cls.idle.remove(server)
                 server.close()
-        return cls()
+            server = next((s for s in reversed(cls.idle) if s.key == key), None)
+            if server is not None:
+                cls.idle.remove(server)
+            else:
+                server = cls(env)
+        server.wait_ready()
+        return server
 
     def release(self) -> None:
         """Back to the pool, unless a thread other than the main one started it: Linux sends the
@@ -546,6 +577,15 @@ class _Server:
                 pipe.close()
 
 
+def warm_up() -> None:
+    """Start the warm engine's server now, in the background, so that the first launch does not
+    wait for it to import torch (a notebook calls this in its first cell). Does nothing where the
+    warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun)."""
+    env = _job_env({})
+    if _choose_engine(None, 0) == "warm" and all(s.key != _import_time(env) for s in _Server.idle):
+        _Server(env).release()
+
+
 @atexit.register
 def _close_servers() -> None:
     while _Server.idle:
@@ -585,7 +625,7 @@ class _Warm:
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             })
         job = {"script": script, "argv": argv, "cwd": str(cwd), "envs": envs, "logs": str(folder)}
-        self.folder, self.server = folder, _Server.acquire()
+        self.folder, self.server = folder, _Server.acquire(env)
         try:
             self.server.send(job)
             started = self.server.read(_Server.START_S)
@@ -868,11 +908,7 @@ def torchrun(
     check_backend(backend, nproc)
 
     log_dir = Path(tempfile.mkdtemp(dir="/tmp" if os.path.isdir("/tmp") else None))  # (sanitized)
-    # One thread per rank, as torchrun's own default: the numbers printed do not depend on cores.
-    run_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
-    paths = (str(Path(__file__).resolve().parent.parent), run_env.get("PYTHONPATH"))
-    run_env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), COURSE_BACKEND=backend)
-    run_env[JOB_VAR] = uuid.uuid4().hex
+    run_env = {**_job_env(extra), "COURSE_BACKEND": backend, JOB_VAR: uuid.uuid4().hex}
 
     argv = [str(a) for a in args]
     command = _command(script_str, nproc, argv, max_restarts)

@@ -641,6 +641,39 @@ def test_a_dead_warm_server_is_replaced():
     assert again.logs == first.logs and again.engine == "warm"
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_variables_read_at_import_reach_warm_ranks():
+    """TORCH_DISTRIBUTED_DEBUG is read by `import torch.distributed`: a job that sets it runs on a
+    server started with it (the plain one stays in the pool for the other jobs)."""
+    script = f"{SCRIPTS}/debug_level.py"
+    for level in ("OFF", "DETAIL", "INFO", "OFF"):
+        env = {} if level == "OFF" else {"TORCH_DISTRIBUTED_DEBUG": level}
+        r = torchrun(script, nproc=2, env=env, show=False, cwd=ROOT, engine="warm", timeout=300)
+        assert r.logs == [f"{level}\n"] * 2
+    keys = [dict(s.key).get("TORCH_DISTRIBUTED_DEBUG") for s in launch._Server.idle]
+    assert sorted(keys, key=str) == sorted([None, "DETAIL", "INFO"], key=str)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_warm_up_starts_the_server_that_the_next_launch_uses(monkeypatch):
+    monkeypatch.delenv("COURSE_LAUNCHER", raising=False)
+    _close = launch._close_servers
+    _close()
+    launch.warm_up()  # returns at once; the server imports torch in the background
+    (server,) = launch._Server.idle
+    assert not server.ready and server.proc.poll() is None
+    r = torchrun(f"{SCRIPTS}/two_ranks.py", nproc=2, args=[1], show=False, cwd=ROOT)
+    assert r.engine == "warm" and launch._Server.idle == [server] and server.ready
+    launch.warm_up()  # a server is waiting already: nothing more is started
+    assert launch._Server.idle == [server]
+    monkeypatch.setenv("COURSE_LAUNCHER", "torchrun")
+    _close()
+    launch.warm_up()
+    assert launch._Server.idle == []
+
+
 def test_choose_backend_warns_when_a_gpu_node_has_fewer_gpus_than_processes():
     import warnings
     from unittest import mock
