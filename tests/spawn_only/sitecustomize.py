@@ -3,8 +3,11 @@ processes start as on Windows and macOS, with spawn, and fork is not there at al
 
 import multiprocessing
 import multiprocessing.context as _context
+import os
 
 multiprocessing.set_start_method("spawn", force=True)
+# The course's warm launch engine forks its ranks, so off Linux torchrun() uses the real torchrun.
+os.environ["COURSE_LAUNCHER"] = "torchrun"
 
 
 def _no_fork(method=None, _get=_context.DefaultContext.get_context):
