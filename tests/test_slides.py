@@ -123,8 +123,11 @@ def test_plumbing_is_skipped():
     later_imports = code("import pickle\nfrom pathlib import Path\n%matplotlib inline")
     cleanup = code("shutil.rmtree(folder)  # done with it\ntmp.cleanup()\nPath(f).unlink()")
     cleanup_that_prints = code("shutil.rmtree(folder)", [stream(1)])
-    assert types(md("# T"), setup, md("## S"), code("x = 1"), later_imports, cleanup, cleanup_that_prints) == [
-        "slide", "skip", "slide", "-", "skip", "skip", "-"]
+    widget = code("explorer()", [{"output_type": "display_data", "metadata": {}, "data": {
+        slides.WIDGET: {"model_id": "0", "version_major": 2, "version_minor": 0}, "text/plain": ["VBox()"]}}])
+    static_twin = code("show(defaults)", [png(300)])
+    assert types(md("# T"), setup, md("## S"), code("x = 1"), later_imports, cleanup, cleanup_that_prints,
+                 widget, static_twin) == ["slide", "skip", "slide", "-", "skip", "skip", "-", "skip", "-"]
 
 
 def test_only_the_first_code_cell_is_the_setup_cell():

@@ -17,13 +17,17 @@ The rules, for each cell, the first that applies:
    its sections, the recap, the exercises).
 2. A Markdown cell that opens with a ``### `` heading starts a **subslide**: a screen of its
    section, reached with Space (Right arrow skips it, for a talk short of time).
-3. Plumbing is **skip**ped (not shown; it still runs with Run All):
+3. Plumbing, and what the slideshow cannot show, is **skip**ped (not shown; it still runs with
+   Run All):
    - the chapter's setup cell: its first code cell, when it opens with an import (imports, seeding,
      device choice);
    - any other code cell made of imports alone;
    - a clean-up cell: a code cell with no output whose every statement removes files
      (``shutil.rmtree``, ``os.remove``, ``os.unlink``, ``<path>.unlink()``,
-     ``<folder>.cleanup()``).
+     ``<folder>.cleanup()``);
+   - a widget cell (its output an ipywidgets view): the slideshow cannot show it (jupyterlab-rise
+     presents in an app of its own, built on an older JupyterLab, that fails to load this lab's
+     ipywidgets manager), and the static view after every widget cell shows the same picture.
 4. A code cell taller than a screen starts a **subslide**, so that it has a screen of its own
    instead of running off the bottom of one (reveal.js does not scroll a slide by default). Taller
    than a screen is: its committed output has more than 25 lines (an image counts as its height in
@@ -65,6 +69,7 @@ LINE_PX = 18  # the height of a line of output, in pixels: an image of 450 px co
 CLEANUP_CALLS = {"shutil.rmtree", "os.remove", "os.unlink", "cleanup", "unlink"}
 PREDICT = re.compile(r"\*\*Predict\b")
 EXERCISE = re.compile(r"^\*\*Q\d+\.\*\*", re.M)  # a paragraph that opens with **Q2.**
+WIDGET = "application/vnd.jupyter.widget-view+json"
 SLIDE_TYPES = ("slide", "subslide", "fragment", "skip", "notes", "-")
 
 
@@ -146,8 +151,14 @@ def _called(stmt: ast.stmt) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
-def is_plumbing(cell: dict, first_code: bool) -> bool:
-    """Rule 3: the setup cell, an imports-only cell, or a clean-up cell without output."""
+def shows_widget(cell: dict) -> bool:
+    return any(WIDGET in out.get("data", {}) for out in cell.get("outputs", []))
+
+
+def is_skipped(cell: dict, first_code: bool) -> bool:
+    """Rule 3: a widget cell, the setup cell, an imports-only cell, or a clean-up cell without output."""
+    if shows_widget(cell):
+        return True
     body = _statements(cell)
     if not body:
         return False
@@ -176,7 +187,7 @@ def slide_types(nb: dict) -> list[str]:
             t = "slide"
         elif level == 3:
             t = "subslide"
-        elif kind == "code" and is_plumbing(cell, first_code):
+        elif kind == "code" and is_skipped(cell, first_code):
             t = "skip"
         elif kind == "code" and is_tall(cell) and not (shown is not None and heading_only(shown)):
             t = "subslide"
