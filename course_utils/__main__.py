@@ -1,4 +1,4 @@
-"""`python -m course_utils COMMAND ...`: doctor, launch, data."""
+"""`python -m course_utils COMMAND ...`: doctor, launch, data, progress."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ COMMANDS = {
     "doctor": ("course_utils.doctor", "check the environment (OK / WARN / FAIL per line)"),
     "launch": ("course_utils.launch", "run a distributed script on N local processes"),
     "data": ("course_utils.data", "build or verify the course's image data"),
+    "progress": ("course_utils.progress", "your exercises: done / tried / not yet (this computer only)"),
 }
 
 

@@ -1,9 +1,11 @@
 """Environment check for learners and workshop instructors.
 
-    python -m course_utils doctor
+    python -m course_utils doctor              # the environment, line by line
+    python -m course_utils doctor --workshop   # then the smallest real work of each chapter
 
 One line per check, OK / WARN / FAIL, and an exit status of 1 when anything FAILs.
-Every WARN and FAIL says what to run to fix it.
+Every WARN and FAIL says what to run to fix it. ``--workshop`` ends with one line to paste into the
+workshop chat: ``READY``, or ``NOT READY: <what to do>``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import platform
 import re
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ class Check:
     name: str
     status: str  # OK | WARN | FAIL
     detail: str
+    fix: str = ""  # what to do, where the detail does not end with it
 
 
 def read_pins(path: Path = REQUIREMENTS) -> dict[str, str]:
@@ -155,17 +160,170 @@ def run_checks(pins: dict[str, str] | None = None) -> list[Check]:
     return checks
 
 
-def format_table(checks: list[Check]) -> str:
-    width = max(len(c.name) for c in checks)
-    return "\n".join(f"{c.status:4s}  {c.name:{width}s}  {c.detail}" for c in checks)
+def format_line(check: Check, width: int = 0) -> str:
+    return f"{check.status:4s}  {check.name:{width}s}  {check.detail}"
+
+
+def format_table(checks: list[Check], width: int = 0) -> str:
+    width = max([width, *(len(c.name) for c in checks)])
+    return "\n".join(format_line(c, width) for c in checks)
+
+
+# --- doctor --workshop: the smallest real work of each chapter, each bounded in time -------------
+
+AGAIN = "then run `python -m course_utils doctor --workshop` again"
+FIX_BUSY = f"close other programs so that the computer is not busy (or short of memory), {AGAIN}"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One piece of real work: `run(seconds)` does it within about `seconds` and returns what it did
+    (or raises); `fix` is what a learner does when it fails."""
+
+    name: str
+    run: Callable[[float], str]
+    timeout: float
+    fix: str
+
+
+def _autograd(seconds: float) -> str:
+    import torch
+
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (x**2).sum().backward()
+    if not torch.allclose(x.grad, 2 * x.detach()):
+        raise RuntimeError(f"the gradient of sum(x**2) at {x.tolist()} came out as {x.grad.tolist()}")
+    return "a backward pass: d/dx sum(x**2) = 2x"
+
+
+def _module(seconds: float) -> str:
+    import io
+
+    import torch
+
+    from .models import MLP
+
+    model, copy = MLP(hidden_dim=32), MLP(hidden_dim=32)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    copy.load_state_dict(torch.load(buffer, weights_only=True))
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        if not torch.equal(model(x), copy(x)):
+            raise RuntimeError("a model loaded from its state_dict computes something else")
+    return "an MLP's forward pass, and its state_dict saved and loaded"
+
+
+def _dataloader(seconds: float) -> str:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(32.0).reshape(16, 2), torch.arange(16))
+    loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, timeout=seconds)
+    seen = sorted(int(i) for _, labels in loader for i in labels)
+    if seen != list(range(16)):
+        raise RuntimeError(f"the batches held the items {seen}, not 0-15 once each")
+    return "a DataLoader with 2 worker processes over 16 items"
+
+
+def _distributed(seconds: float) -> str:
+    from . import ROOT
+    from .launch import torchrun
+
+    result = torchrun("scripts/hello_dist.py", nproc=2, backend="gloo", show=False,
+                      timeout=seconds * 0.8, cwd=ROOT / "notebooks")
+    if "all_reduce sum of (rank + 1) = 3" not in result.logs[0]:
+        raise RuntimeError(f"rank 0 printed {result.logs[0]!r}, without its all_reduce")
+    return f"2 processes talked over gloo (scripts/hello_dist.py, {result.engine} engine)"
+
+
+def _ipywidgets(seconds: float) -> str:
+    import ipywidgets
+
+    slider = ipywidgets.IntSlider(value=1, min=0, max=3, description="epoch")
+    slider.value = 2
+    return f"ipywidgets {ipywidgets.__version__} made a slider"
+
+
+WORKSHOP = [
+    Item("autograd", _autograd, 20.0,
+         f"PyTorch could not compute a gradient: {FIX_INSTALL}, {AGAIN}"),
+    Item("module", _module, 20.0,
+         f"PyTorch could not run or save a small model: {FIX_INSTALL}, {AGAIN}"),
+    Item("dataloader", _dataloader, 20.0,
+         "the DataLoader's worker processes did not start or answer: close other programs to free "
+         "memory (in Docker, start the container with --shm-size=1g), " + AGAIN),
+    Item("distributed", _distributed, 40.0,
+         "2 local processes could not talk to each other: let Python accept local connections in "
+         "your firewall, pause any VPN, check that `ping localhost` answers, " + AGAIN),
+    Item("ipywidgets", _ipywidgets, 20.0,
+         f"sliders will not work in the notebooks: {FIX_INSTALL}, {AGAIN}"),
+]
+
+
+def run_item(item: Item) -> Check:
+    """Run `item` on a helper thread and wait at most its timeout: OK or FAIL, with the seconds."""
+    outcome: list = []
+
+    def work() -> None:
+        try:
+            outcome.append((True, item.run(item.timeout)))
+        except BaseException as exc:  # reported below, on the main thread
+            first = (str(exc).strip().splitlines() or [""])[0]
+            outcome.append((False, f"{type(exc).__name__}: {first}" if first else type(exc).__name__))
+
+    start = time.monotonic()
+    thread = threading.Thread(target=work, name=f"doctor-{item.name}", daemon=True)
+    thread.start()
+    thread.join(item.timeout)
+    took = time.monotonic() - start
+    if not outcome:  # still running: left behind (a daemon thread), the next item goes on
+        return Check(item.name, "FAIL", f"did not finish within {item.timeout:g} s: {FIX_BUSY}", FIX_BUSY)
+    ok, text = outcome[0]
+    if ok:
+        return Check(item.name, "OK", f"{text} ({took:.1f} s)")
+    return Check(item.name, "FAIL", f"{text} ({took:.1f} s): {item.fix}", item.fix)
+
+
+def run_workshop(show: Callable[[Check], None] = lambda check: None) -> list[Check]:
+    """The items of WORKSHOP, one after the other; `show` gets each line as soon as it is known."""
+    checks = []
+    for item in WORKSHOP:
+        checks.append(run_item(item))
+        show(checks[-1])
+    return checks
+
+
+def verdict(checks: list[Check]) -> str:
+    """The line to paste into the workshop chat: READY, or the first failure's remedy."""
+    failed = next((c for c in checks if c.status == "FAIL"), None)
+    if failed is None:
+        return "READY"
+    return f"NOT READY: {failed.name}: {failed.fix or failed.detail}"
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m course_utils doctor", description=__doc__.split("\n")[0])
+    parser.add_argument("--workshop", action="store_true",
+                        help="also run the smallest real work of each chapter; ends with READY or NOT READY")
+    o = parser.parse_args(sys.argv[1:] if argv is None else argv)
     checks = run_checks()
-    print(format_table(checks))
+    width = max(len(c.name) for c in [*checks, *(WORKSHOP if o.workshop else [])])
+    print(format_table(checks, width), flush=True)
+    took = 0.0
+    if o.workshop:
+        start = time.monotonic()
+        checks += run_workshop(show=lambda check: print(format_line(check, width), flush=True))
+        took = time.monotonic() - start
     fails = sum(c.status == "FAIL" for c in checks)
     warns = sum(c.status == "WARN" for c in checks)
     print(f"\n{len(checks)} checks: {len(checks) - fails - warns} OK, {warns} WARN, {fails} FAIL")
+    if o.workshop:
+        print(f"the workshop checks took {took:.1f} s")
+        print(verdict(checks))
     return 1 if fails else 0
 
 

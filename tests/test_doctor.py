@@ -1,5 +1,11 @@
+import re
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import replace
+
+import pytest
 
 from course_utils import ROOT, doctor
 
@@ -11,7 +17,7 @@ def test_doctor_passes_on_this_machine():
     lines = proc.stdout.splitlines()
     for name in ("python", "torch", "torchvision", "packages", "cpu", "accelerator", "widgets", "graphviz", "data"):
         assert any(line.split()[1:2] == [name] for line in lines if line[:4].strip() in ("OK", "WARN", "FAIL")), name
-    assert "0 FAIL" in proc.stdout
+    assert "0 FAIL" in proc.stdout and "READY" not in proc.stdout  # the workshop part only when asked
 
 
 def test_pins_are_read_from_requirements():
@@ -70,3 +76,84 @@ def test_exit_status_is_non_zero_on_failure(monkeypatch, capsys):
     monkeypatch.setattr(doctor, "run_checks", lambda: [doctor.Check("torch", "FAIL", "not installed")])
     assert doctor.main([]) == 1
     assert "FAIL  torch" in capsys.readouterr().out
+
+
+# --- doctor --workshop ----------------------------------------------------------------------------
+
+WORKSHOP_ITEMS = ("autograd", "module", "dataloader", "distributed", "ipywidgets")
+
+
+@pytest.mark.slow
+def test_workshop_is_ready_on_this_machine_within_30_s():
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "doctor", "--workshop"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "READY"
+    for name in WORKSHOP_ITEMS:
+        (line,) = [line for line in lines if line.split()[1:2] == [name]]
+        assert line.startswith("OK") and re.search(r"\(\d+\.\d s\)$", line), line
+    assert took < 30, f"doctor --workshop took {took:.1f} s"
+
+
+def _only(items, **runs):
+    """WORKSHOP with the run of some items replaced (their names, timeouts and fixes kept)."""
+    return [replace(item, **runs[item.name]) if item.name in runs else item for item in items]
+
+
+def _boom(seconds):
+    raise RuntimeError("DataLoader worker (pid 42) exited unexpectedly\nmore details")
+
+
+def test_workshop_not_ready_names_the_first_failure_and_what_to_do(monkeypatch, capsys):
+    ok = dict(run=lambda seconds: "fine")
+    monkeypatch.setattr(doctor, "run_checks", lambda: [doctor.Check("python", "OK", "Python 3.11")])
+    monkeypatch.setattr(doctor, "WORKSHOP", _only(doctor.WORKSHOP, autograd=ok, module=ok, ipywidgets=ok,
+                                                  dataloader=dict(run=_boom), distributed=dict(run=_boom)))
+    assert doctor.main(["--workshop"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    fix = next(item.fix for item in doctor.WORKSHOP if item.name == "dataloader")
+    assert lines[-1] == f"NOT READY: dataloader: {fix}"
+    assert "--shm-size=1g" in fix and fix.endswith("then run `python -m course_utils doctor --workshop` again")
+    line = next(line for line in lines if line.split()[1:2] == ["dataloader"])
+    assert line.startswith("FAIL") and "RuntimeError: DataLoader worker (pid 42) exited unexpectedly (" in line
+    assert "more details" not in line
+    assert [ln.split()[0] for ln in lines if ln.split()[1:2] == ["ipywidgets"]] == ["OK"]  # the rest still ran
+    assert "6 checks: 4 OK, 0 WARN, 2 FAIL" in lines
+
+
+def test_an_item_that_hangs_fails_at_its_timeout(monkeypatch):
+    release = threading.Event()
+    hang = replace(doctor.WORKSHOP[0], run=lambda seconds: release.wait(60) and "late", timeout=0.2)
+    start = time.monotonic()
+    try:
+        check = doctor.run_item(hang)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 5
+    assert check.status == "FAIL" and check.detail.startswith("did not finish within 0.2 s")
+    assert doctor.verdict([check]) == f"NOT READY: autograd: {doctor.FIX_BUSY}"
+    assert "close other programs" in doctor.FIX_BUSY
+
+
+def test_a_failing_environment_check_is_not_ready_with_its_own_fix():
+    checks = [doctor.Check("python", "OK", "Python 3.11"), doctor.Check("graphviz", "WARN", "`dot` not found"),
+              doctor.check_package("torch", "2.14.1", version_of=lambda n: None)]
+    assert doctor.verdict(checks[:2]) == "READY"  # a warning does not stop a learner
+    assert doctor.verdict(checks) == "NOT READY: torch: not installed: " + doctor.FIX_INSTALL
+
+
+def test_each_item_is_bounded_and_says_what_to_do():
+    assert [item.name for item in doctor.WORKSHOP] == list(WORKSHOP_ITEMS)
+    assert sum(item.timeout for item in doctor.WORKSHOP) <= 150
+    for item in doctor.WORKSHOP:
+        assert item.fix.endswith(doctor.AGAIN), item.name
+
+
+def test_workshop_items_that_need_no_process_pass_here():
+    for item in doctor.WORKSHOP:
+        if item.name in ("autograd", "module", "ipywidgets"):
+            check = doctor.run_item(item)
+            assert check.status == "OK", check

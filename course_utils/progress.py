@@ -1,0 +1,329 @@
+"""Your progress through the exercises, kept on this computer only.
+
+    python -m course_utils progress             # the table: done / tried / not yet, per chapter
+    python -m course_utils progress --enable    # record every check() from now on
+    python -m course_utils progress --disable   # stop recording (what is recorded stays)
+    python -m course_utils progress --reset --yes
+
+When recording is on, every ``q1.check(answer)`` appends one line (time, chapter, exercise, status) to
+``~/.pytorch-in-depth/progress.jsonl`` (``COURSE_PROGRESS_FILE`` names another file). Nothing is sent
+anywhere. Recording is on when ``COURSE_PROGRESS=1`` (``make lab`` sets it), or when ``--enable`` left
+its flag file beside the progress file; ``COURSE_PROGRESS=0`` always turns it off (the tests set it).
+A check never fails because its result could not be saved: it warns once and goes on.
+
+Only the standard library: the exercise engine imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib
+import json
+import os
+import pkgutil
+import sys
+import tomllib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_SWITCH = "COURSE_PROGRESS"  # 1: record, 0: never record (wins over the flag file)
+ENV_FILE = "COURSE_PROGRESS_FILE"  # another progress file (tests point it at a temporary folder)
+STATUSES = ("correct", "incorrect", "not_attempted")
+_ON, _OFF = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_EXERCISES = "course_utils.exercises"
+
+try:
+    import fcntl
+except ImportError:  # Windows: appends of one line in one write, without a lock
+    fcntl = None  # type: ignore[assignment]
+
+_warned = False
+
+
+def progress_file() -> Path:
+    """Where the records are: $COURSE_PROGRESS_FILE, else ``~/.pytorch-in-depth/progress.jsonl``."""
+    override = os.environ.get(ENV_FILE, "").strip()
+    if override:
+        return Path(override).expanduser()
+    return Path.home() / ".pytorch-in-depth" / "progress.jsonl"
+
+
+def flag_file() -> Path:
+    """The setting that ``--enable`` writes and ``--disable`` removes, beside the progress file."""
+    return progress_file().with_suffix(".enabled")
+
+
+def recording() -> tuple[bool, str]:
+    """Whether checks are recorded now, and why (in words)."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in _OFF:
+        return False, f"off ({ENV_SWITCH}={value} in the environment)"
+    if value in _ON:
+        return True, f"on ({ENV_SWITCH}={value} in the environment)"
+    try:
+        flagged = flag_file().is_file()
+    except OSError:
+        flagged = False
+    if flagged:
+        return True, "on (turned on with `python -m course_utils progress --enable`)"
+    return False, "off (turn it on with `python -m course_utils progress --enable`)"
+
+
+@contextlib.contextmanager
+def _locked(fd: int, exclusive: bool) -> Iterator[None]:
+    """An advisory lock on the whole file, for as long as the block runs; none where there is no
+    fcntl (Windows) or the file system refuses locks (some network drives)."""
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            locked = True
+        else:
+            locked = False
+    except OSError:
+        locked = False
+    try:
+        yield
+    finally:
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _byte_at(fd: int, offset: int) -> bytes:
+    if hasattr(os, "pread"):
+        return os.pread(fd, 1, offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # (appends still go to the end)
+    return os.read(fd, 1)
+
+
+def append(path: Path, record: dict) -> None:
+    """Append `record` as one JSON line, under an exclusive lock: writers in several kernels at once
+    never interleave. A line cut short earlier (a full disk) is ended first, so it stays one bad line;
+    a write that fails is undone, so it leaves none."""
+    data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
+    try:
+        with _locked(fd, exclusive=True):
+            size = os.fstat(fd).st_size
+            if size and _byte_at(fd, size - 1) != b"\n":
+                data = b"\n" + data
+            try:
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
+    finally:
+        os.close(fd)
+
+
+def record(chapter: str, exercise: str, status: str) -> bool:
+    """Save one check's result if recording is on. Never raises: a failure warns once per process.
+    Returns whether a line was written."""
+    global _warned
+    path = None
+    try:
+        if not recording()[0]:
+            return False
+        path = progress_file()
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        append(path, {"time": now, "chapter": chapter, "exercise": exercise, "status": status})
+        return True
+    except Exception as exc:  # a read-only home, a full disk...: the check itself must go on
+        if not _warned:
+            _warned = True
+            with contextlib.suppress(Exception):
+                where = path or "its file"
+                sys.stderr.write(
+                    f"Your progress could not be saved to {where} ({type(exc).__name__}: {exc}); "
+                    f"checks work as before. To stop trying, set {ENV_SWITCH}=0 or run "
+                    "`python -m course_utils progress --disable`.\n"
+                )
+        return False
+
+
+def read(path: Path | None = None) -> tuple[list[dict], int]:
+    """The records of the progress file (none if it does not exist) and how many lines were skipped
+    as unreadable."""
+    path = progress_file() if path is None else path
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        return [], 0
+    try:
+        with _locked(fd, exclusive=False), os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    finally:
+        os.close(fd)
+    records, bad = [], 0
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            ok = isinstance(rec, dict) and rec.get("status") in STATUSES
+            ok = ok and all(isinstance(rec.get(k), str) and rec[k] for k in ("chapter", "exercise"))
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested beyond reason
+            ok = False
+        if ok:
+            records.append(rec)
+        else:
+            bad += 1
+    return records, bad
+
+
+def reset(path: Path | None = None) -> int:
+    """Empty the progress file (under the lock, so that a kernel appending now loses nothing after);
+    returns how many lines it held."""
+    path = progress_file() if path is None else path
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    try:
+        with _locked(fd, exclusive=True):
+            with os.fdopen(os.dup(fd), "rb") as f:
+                lines = sum(1 for line in f if line.strip())
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+    return lines
+
+
+def chapters() -> dict[str, list[str]]:
+    """Every chapter's exercises in order, ``{"ch01": ["Q1", ...]}``, from the exercise modules (their
+    ``EXERCISES``; importing them imports torch). A module that does not import is read from its words
+    file instead, which names the same exercises."""
+    package = importlib.import_module(_EXERCISES)
+    found = {}
+    for mod in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        if not (mod.startswith("ch") and mod[2:].isdigit()):
+            continue
+        try:
+            exercises = importlib.import_module(f"{_EXERCISES}.{mod}").EXERCISES
+            found[mod] = [ex.name for ex in exercises]
+        except Exception:
+            words = Path(package.__path__[0]) / f"{mod}.en.toml"
+            with contextlib.suppress(OSError, ValueError):
+                found[mod] = list(tomllib.loads(words.read_text(encoding="utf-8")))
+    return found
+
+
+def chapter_titles() -> dict[str, str]:
+    """``{"ch01": "01_autograd", ...}``: each chapter named after its notebook (its module's name)."""
+    package = importlib.import_module("course_utils")
+    titles = {}
+    for m in pkgutil.iter_modules(package.__path__):
+        head, _, topic = m.name.partition("_")
+        if head.startswith("ch") and head[2:].isdigit() and topic:
+            titles[head] = f"{head[2:]}_{topic}"
+    return titles
+
+
+@dataclass
+class Summary:
+    """Per chapter, each exercise's state: "done" (correct at least once), "tried" (checked, never
+    correct) or "not yet" (never checked, or only with the placeholder or a stub: "not attempted")."""
+
+    states: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def count(self, state: str) -> int:
+        return sum(s == state for row in self.states.values() for s in row.values())
+
+    @property
+    def total(self) -> int:
+        return sum(len(row) for row in self.states.values())
+
+
+def summarise(records: Iterable[dict], known: dict[str, list[str]]) -> Summary:
+    """The state of every exercise of `known`, plus any exercise the records name that `known` lacks
+    (a renamed one), after it."""
+    states = {ch: dict.fromkeys(names, "not yet") for ch, names in known.items()}
+    for rec in records:
+        row = states.setdefault(rec["chapter"], {})
+        before = row.setdefault(rec["exercise"], "not yet")
+        if rec["status"] == "correct":
+            row[rec["exercise"]] = "done"
+        elif rec["status"] == "incorrect" and before == "not yet":
+            row[rec["exercise"]] = "tried"
+    return Summary(dict(sorted(states.items())))
+
+
+def format_table(summary: Summary, titles: dict[str, str] | None = None) -> str:
+    """Chapters down, exercises across (in the order they first appear), a done count per chapter."""
+    titles = titles or {}
+    columns: list[str] = []
+    for row in summary.states.values():
+        columns += [name for name in row if name not in columns]
+    header = ["chapter", *columns, "done"]
+    rows = [header]
+    for ch, row in summary.states.items():
+        done = sum(s == "done" for s in row.values())
+        rows.append([titles.get(ch, ch), *(row.get(c, "") for c in columns), f"{done}/{len(row)}"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _show_path(path: Path) -> str:
+    with contextlib.suppress(ValueError, RuntimeError):
+        return str(Path("~") / path.relative_to(Path.home()))
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils progress",
+        description="Your progress through the exercises, kept on this computer only.",
+    )
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--enable", action="store_true", help="record every check() from now on")
+    action.add_argument("--disable", action="store_true", help="stop recording (keeps what is recorded)")
+    action.add_argument("--reset", action="store_true", help="clear what is recorded (with --yes)")
+    parser.add_argument("--yes", action="store_true", help="confirm --reset")
+    o = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if o.yes and not o.reset:
+        parser.error("--yes confirms --reset; use them together")
+    path, flag = progress_file(), flag_file()
+    try:
+        if o.enable:
+            flag.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            flag.write_text("Checks are recorded in the progress file beside this one.\n")
+        elif o.disable:
+            flag.unlink(missing_ok=True)
+        elif o.reset:
+            if not o.yes:
+                print(f"This clears your recorded progress in {_show_path(path)}. To do it, run:\n"
+                      "  python -m course_utils progress --reset --yes")
+                return 1
+            n = reset(path)
+            print(f"Progress cleared ({n} lines removed from {_show_path(path)}).")
+            return 0
+    except OSError as exc:
+        print(f"error: {exc}. Check that you can write to {_show_path(path.parent)}.", file=sys.stderr)
+        return 1
+    if o.enable or o.disable:
+        print(f"Recording is now {recording()[1]}.")
+        print(f"Records stay on this computer, in {_show_path(path)}.")
+        return 0
+    try:
+        records, bad = read(path)
+    except OSError as exc:
+        print(f"error: cannot read {_show_path(path)} ({exc}).", file=sys.stderr)
+        return 1
+    summary = summarise(records, chapters())
+    print(format_table(summary, chapter_titles()))
+    print(f"\ntotal: {summary.count('done')} done, {summary.count('tried')} tried, "
+          f"{summary.count('not yet')} not yet, of {summary.total} exercises")
+    skipped = f" ({bad} unreadable line{'s' * (bad != 1)} skipped)" if bad else ""
+    print(f"{len(records)} checks recorded in {_show_path(path)}{skipped}; this computer only.")
+    print(f"Recording is {recording()[1]}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
