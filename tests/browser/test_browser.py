@@ -4,12 +4,14 @@ end, the only errors are in the cells marked as expected failures, every widget 
 the page asked nothing of any host but localhost. Then each widget is used (``WIDGETS``) and its view
 compared with the plain function behind it, run in a new cell of the same kernel. On a failure, a
 screenshot (and of the widget being checked), the console log and any differing images are left in
-``.browser-failures/<notebook>/``.
+``.browser-failures/<notebook>/``. Apart from those runs, chapter 01 is opened as a slideshow
+(jupyterlab-rise), moved on a slide and a subslide, and closed.
 Skipped outside the lane."""
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .lab import ROOT, browser, chromium_path, course_lab
+from .lab import ROOT, START_TIMEOUT_S, browser, chromium_path, course_lab
 
 pytestmark = pytest.mark.skipif(os.environ.get("COURSE_BROWSER_LANE") != "1",
                                 reason="the browser lane: make test-browser")
@@ -341,3 +343,65 @@ def use_widgets(lab, page, notebook: str, saved: dict) -> int:
         done += 1
     page.widget_cell = None
     return done
+
+
+# ------------------------------------------------------------------ a chapter as a slideshow
+# The slide types come from tools/slides.py; jupyterlab-rise shows the open notebook as a reveal.js
+# slideshow in a frame beside it: one <section> a slide, holding a <section id="slide-H-V"> a subslide.
+
+PRESENT = ".reveal .slides section.present[id^='slide-']"  # the screen on show
+
+
+def screens(notebook: str) -> list[tuple[str, str]]:
+    """(slide type, first line as the page shows it) of each cell of `notebook` that starts a slide or a
+    subslide, from its committed slide types."""
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    kinds = [c["metadata"].get("slideshow", {}).get("slide_type") for c in cells]
+    return [(k, "".join(c["source"]).strip().split("\n", 1)[0].lstrip("#").strip().replace("`", ""))
+            for c, k in zip(cells, kinds, strict=True) if k in ("slide", "subslide")]
+
+
+def test_slides_of_chapter_01_in_rise(lab, chromium):
+    """Chapter 01 presented as an instructor would: the notebook toolbar's "Render as Reveal Slideshow"
+    button opens the slideshow beside the notebook on the title slide; Right arrow moves on to the
+    next slide (section 1), Space to its first subslide; closing the slideshow's tab leaves the
+    notebook open."""
+    from playwright.sync_api import expect
+
+    if importlib.util.find_spec("jupyterlab_rise") is None:
+        pytest.fail("jupyterlab-rise is not installed: it is in the pinned stack (requirements.txt); run `make setup`")
+    notebook = "01_autograd.ipynb"
+    (_, title), (_, section_1), (kind, subsection) = screens(notebook)[:3]
+    assert kind == "subslide", "chapter 01's section 1 has a subsection: what Space moves to"
+    page = None
+    try:
+        page = lab.open(chromium, notebook)
+        page.locator(".jp-NotebookPanel-toolbar [data-command='RISE:preview']").click()
+        frame = page.frame_locator("iframe[src*='/rise/']")
+        present = frame.locator(PRESENT)
+        expect(frame.locator(".reveal .slides")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+        expect(present.locator("h1")).to_contain_text(title, timeout=START_TIMEOUT_S * 1000)
+        expect(present).to_have_id("slide-0-0")
+        present.locator("h1").click(position={"x": 4, "y": 4})  # the slideshow has the keyboard (not the ¶ link)
+        page.keyboard.press("ArrowRight")
+        expect(present).to_have_id("slide-1-0", timeout=30_000)
+        expect(present.locator("h2")).to_contain_text(section_1)
+        expect(present).not_to_contain_text(title)
+        page.keyboard.press("Space")
+        expect(present).to_have_id("slide-1-1", timeout=30_000)
+        expect(present.locator("h3")).to_contain_text(subsection)
+        panel = page.locator(".lm-DockPanel-widget", has=page.locator("iframe[src*='/rise/']"))
+        page.locator(f".lm-TabBar-tab[data-id='{panel.get_attribute('id')}'] .lm-TabBar-tabCloseIcon").click()
+        expect(page.locator("iframe[src*='/rise/']")).to_have_count(0, timeout=30_000)
+        expect(page.locator(".jp-NotebookPanel .jp-Notebook")).to_be_visible()
+        assert not page.outside_requests, (
+            f"the slideshow asked other hosts: {page.outside_requests[:5]}. (reveal.js's theme 'simple', RISE's "
+            "default, imports Google Fonts: the course's lab sets jupyterlab-rise's theme to 'white', whose fonts "
+            "are local, in .venv/share/jupyter/lab/settings/overrides.json)")
+        print(f"{notebook}: slideshow on {title!r}; Right arrow: {section_1!r}; Space: {subsection!r}; closed")
+    except Exception as exc:
+        pytest.fail(f"{notebook} as a slideshow: {type(exc).__name__}: {exc}\n"
+                    f"screenshots and console log: {evidence(page, 'slides-' + notebook.removesuffix('.ipynb'))}")
+    finally:
+        if page is not None:
+            close(page, lab)
