@@ -329,44 +329,32 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _exit_code(exc: SystemExit) -> int:
-    """The exit status of ``sys.exit(exc.code)``, as Python computes it (a message: 1)."""
-    if exc.code is None or isinstance(exc.code, bool | int):
-        return int(exc.code or 0) & 0xFF
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-def _run_rank(job: dict, rank: int, reply_fd: int) -> None:
-    """In a forked child of the server: become rank `rank` of `job` as ``python SCRIPT ARGS`` started
-    by torchrun would be (own session, environment, working directory, ``__main__``, log files), run
-    the script, exit with its status. Never returns."""
-    code = 1
+def _run_rank(job: dict, rank: int, reply_fd: int, server: int) -> None:
+    """In a forked child of the server: become rank `rank` of `job` as ``python -u SCRIPT ARGS``
+    started by torchrun would be (own session, environment, working directory, ``__main__``, log
+    files), run the script, and leave by ``SystemExit`` so that the interpreter shuts down as
+    usual (threads joined, atexit, files flushed, objects finalised). Never returns."""
     try:
         os.setsid()  # a process group of its own, as torchrun's workers: stopped as a whole
         _prctl_pdeathsig(signal.SIGKILL)  # the server gone (killed): its ranks go too
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        if os.getppid() != server:
+            os._exit(1)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the server blocked them around fork
         os.close(reply_fd)
-        os.chdir(job["cwd"])
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
-            log = os.open(Path(job["logs"], str(rank), name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            path = Path(job["logs"], str(rank), name)
+            log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(log, fd)
             os.close(log)
-        import io
-        import types
-
-        def stream(fd: int, errors: str) -> io.TextIOWrapper:  # as PYTHONUNBUFFERED=1 makes them
-            raw = io.FileIO(fd, "w", closefd=False)
-            return io.TextIOWrapper(raw, "utf-8", errors, line_buffering=True, write_through=True)
-
-        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = sys.__stdout__ = stream(1, "strict")
-        sys.stderr = sys.__stderr__ = stream(2, "backslashreplace")
+        # The server's own streams: unbuffered (PYTHONUNBUFFERED), in the job's encoding.
+        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+        os.chdir(job["cwd"])
         env = job["envs"][rank]
         os.environ.clear()
         os.environ.update(env)
@@ -374,32 +362,38 @@ def _run_rank(job: dict, rank: int, reply_fd: int) -> None:
         sys.argv = [job["script"], *job["argv"]]
         extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
         sys.path[0:1] = [os.path.dirname(os.path.realpath(script)), *extra]
+        import builtins
+        import importlib.machinery
+        import types
+
         main = types.ModuleType("__main__")
-        main.__file__, main.__builtins__ = script, __builtins__
+        main.__file__, main.__builtins__, main.__cached__ = script, builtins, None
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
         sys.modules["__main__"] = main
-        try:
-            with open(script, "rb") as fh:
-                source = fh.read()
-            exec(compile(source, script, "exec"), main.__dict__)
-            code = 0
-        except SystemExit as exc:
-            code = _exit_code(exc)
-        except BaseException:
-            kind, value, tb = sys.exc_info()
-            tb = tb.tb_next if tb else tb  # the traceback starts in the script, not here
-            sys.excepthook(kind, value.with_traceback(tb) if value else value, tb)
-            code = 1
-        import atexit
-        import threading
+        with open(script, "rb") as fh:
+            code = compile(fh.read(), script, "exec", dont_inherit=True)
+    except BaseException:  # the rank could not start: say why in its log
+        import traceback
 
         with contextlib.suppress(BaseException):
-            threading._shutdown()  # wait for non-daemon threads, as the interpreter does at exit
-        atexit._run_exitfuncs()
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
+            traceback.print_exc()
             sys.stderr.flush()
-    finally:
-        os._exit(code)
+        os._exit(1)
+    try:
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from the script on
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if isinstance(exc, KeyboardInterrupt):  # killed by SIGINT, as CPython reports it
+            import atexit
+
+            atexit._run_exitfuncs()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
 
 
 def _serve() -> None:
@@ -408,7 +402,8 @@ def _serve() -> None:
     per line on stdin (JSON: script, argv, cwd, envs, logs), forks the ranks and answers on stdout
     ``{"pids": [...]}``, then ``{"codes": {rank: exit code}, "root": first failing rank}``. When a
     rank fails, the others get SIGTERM, then SIGKILL after GRACE_S, as torchrun does. Its caller
-    gone (end of input, or SIGTERM from its parent's death): it kills every rank and exits."""
+    gone (end of input, or SIGTERM from its parent's death): it kills every rank and exits.
+    One difference a script could see: every rank has the server's string-hash seed."""
     import importlib
     import json
     import select
@@ -416,13 +411,17 @@ def _serve() -> None:
     for name in _WARM_IMPORTS:
         importlib.import_module(name)
     reply_fd = os.dup(1)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing but replies on the reply pipe
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # nothing but replies on the reply pipe
+    os.close(null)
     groups: set[int] = set()
 
     def kill(sig: int) -> None:
         for group in groups:
             with contextlib.suppress(OSError):
                 os.killpg(group, sig)
+            with contextlib.suppress(OSError):
+                os.kill(group, sig)  # (a rank that has not called setsid yet)
 
     def bye(*_: object) -> None:
         kill(signal.SIGKILL)
@@ -433,7 +432,10 @@ def _serve() -> None:
 
     signal.signal(signal.SIGTERM, bye)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt stops a job via its client
-    send(ready=os.getpid())
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    server_pid = os.getpid()
+    send(ready=server_pid)
     buf = b""
     while True:
         while b"\n" not in buf:
@@ -443,16 +445,21 @@ def _serve() -> None:
             buf += data
         line, buf = buf.split(b"\n", 1)
         job = json.loads(line)
-        if _threads() > 1:  # (never seen: the imports above start no thread)
+        if _threads() > 1:  # e.g. OpenBLAS's pool, started by import torch with OMP_NUM_THREADS>1
             send(error=f"the warm server has {_threads()} threads, so forking it is unsafe")
             continue
         pids: list[int] = []
-        for rank in range(len(job["envs"])):
-            pid = os.fork()
-            if pid == 0:
-                _run_rank(job, rank, reply_fd)
-            pids.append(pid)
-            groups.add(pid)
+        stop = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # no handler of ours runs in a new child
+        try:
+            for rank in range(len(job["envs"])):
+                pid = os.fork()
+                if pid == 0:
+                    _run_rank(job, rank, reply_fd, server_pid)
+                pids.append(pid)
+                groups.add(pid)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
         send(pids=pids)
         codes: dict[int, int] = {}
         root, kill_at = None, float("inf")
@@ -470,7 +477,7 @@ def _serve() -> None:
                 continue
             if time.monotonic() > kill_at:
                 kill(signal.SIGKILL)
-            if select.select([0], [], [], 0.005)[0]:
+            if poller.poll(5):
                 data = os.read(0, 1 << 16)
                 if not data:
                     bye()
@@ -485,8 +492,10 @@ class _Server:
     the same; one job at a time each (two jobs at once: two servers)."""
 
     idle: list[_Server] = []
+    unsafe: set[tuple] = set()  # start-up variables whose server had threads (see _serve)
     lock = threading.Lock()
     START_S = 180.0  # seconds to import torch on a slow, loaded machine
+    KEEP = 3  # idle servers kept at most (each holds an imported torch: a few hundred MB)
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.key = _import_time(env)
@@ -518,6 +527,8 @@ class _Server:
     def acquire(cls, env: Mapping[str, str]) -> _Server:
         """An idle server (ready) started with the same start-up variables as `env`, or a new one."""
         key = _import_time(env)
+        if key in cls.unsafe:
+            raise OSError("a warm server with these variables has threads, so forking it is unsafe")
         with cls.lock:
             for server in [s for s in cls.idle if s.proc.poll() is not None]:
                 cls.idle.remove(server)
@@ -527,7 +538,11 @@ class _Server:
                 cls.idle.remove(server)
             else:
                 server = cls(env)
-        server.wait_ready()
+        try:
+            server.wait_ready()
+        except BaseException:  # an interrupt too: no server left behind
+            server.close()
+            raise
         return server
 
     def release(self) -> None:
@@ -538,6 +553,10 @@ class _Server:
             return
         with self.lock:
             self.idle.append(self)
+            old = self.idle[: -self.KEEP]
+            del self.idle[: -self.KEEP]
+        for server in old:
+            server.close()
 
     def send(self, msg: dict) -> None:
         import json
@@ -553,9 +572,11 @@ class _Server:
 
         end = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while b"\n" not in self.buf:
             left = end - time.monotonic()
-            if not select.select([fd], [], [], max(0.0, left))[0]:
+            if not poller.poll(max(0, int(left * 1000))):
                 return None
             data = os.read(fd, 1 << 16)
             if not data:
@@ -582,8 +603,12 @@ def warm_up() -> None:
     wait for it to import torch (a notebook calls this in its first cell). Does nothing where the
     warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun)."""
     env = _job_env({})
-    if _choose_engine(None, 0) == "warm" and all(s.key != _import_time(env) for s in _Server.idle):
-        _Server(env).release()
+    if _choose_engine(None, 0) != "warm" or _import_time(env) in _Server.unsafe:
+        return
+    with _Server.lock:
+        if any(s.key == _import_time(env) for s in _Server.idle):
+            return
+    _Server(env).release()
 
 
 @atexit.register
@@ -609,7 +634,8 @@ class _Warm:
         self.root: int | None = None
         self.note = ""
         folder = logs / "warm" / "attempt_0"
-        run_id, port = uuid.uuid4().hex, free_port()
+        self.folder, self.server = folder, _Server.acquire(env)
+        run_id, port = uuid.uuid4().hex, free_port()  # (chosen as late as can be)
         envs = []
         for r in range(nproc):
             (folder / str(r)).mkdir(parents=True)
@@ -624,16 +650,20 @@ class _Warm:
                 "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             })
-        job = {"script": script, "argv": argv, "cwd": str(cwd), "envs": envs, "logs": str(folder)}
-        self.folder, self.server = folder, _Server.acquire(env)
+        cwd_ = os.path.abspath(cwd)  # (the server's working directory is not the kernel's)
+        job = {"script": script, "argv": argv, "cwd": cwd_, "envs": envs, "logs": str(folder)}
         try:
             self.server.send(job)
             started = self.server.read(_Server.START_S)
-        except (OSError, EOFError, ValueError) as exc:
+        except BaseException as exc:  # an interrupt too: closing the server ends any rank it forked
             self.server.close()
-            raise OSError(f"the warm launcher failed: {exc}") from exc
+            if isinstance(exc, OSError | EOFError | ValueError):
+                raise OSError(f"the warm launcher failed: {exc}") from exc
+            raise
         if not started or "pids" not in started:
             self.server.close()
+            if started and "error" in started:
+                _Server.unsafe.add(self.server.key)
             raise OSError(f"the warm launcher failed: {(started or {}).get('error', 'no answer')}")
         self.ranks: list[int] = started["pids"]
 
@@ -683,7 +713,7 @@ class _Warm:
                     found.add(pid)
                 elif marker in Path(f"/proc/{pid}/environ").read_bytes():
                     found.add(pid)
-        return {p for p in found if _alive(p)} - {os.getpid()}
+        return {p for p in found | set(self.ranks) if _alive(p)} - {os.getpid()}
 
     def stop(self) -> None:
         """Stop every process of the job (see ``_stop``); the server, told by its ranks' ends,

@@ -588,10 +588,14 @@ def test_both_engines_start_a_rank_alike(tmp_path):
     the store), argv, working directory, __file__, sys.path[0], __main__, empty stdin."""
     seen = {}
     for name in launch.ENGINES:
+        files = tmp_path / name
+        files.mkdir()
         r = torchrun(f"{SCRIPTS}/env_dump.py", nproc=2, args=["a", "b c"], show=False, cwd=ROOT,
-                     engine=name, timeout=300)
+                     engine=name, timeout=300, env={"UNCLOSED_DIR": files})
         assert r.engine == name
         seen[name] = [json.loads(r.logs[k]) for k in range(2)]
+        # the interpreter shut down as usual: a file never closed was flushed
+        assert [(files / f"rank{k}.txt").read_text() for k in range(2)] == ["written, never closed\n"] * 2
     for rank in range(2):
         warm, real = seen["warm"][rank], seen["torchrun"][rank]
         we, te = warm.pop("env"), real.pop("env")
@@ -600,7 +604,8 @@ def test_both_engines_start_a_rank_alike(tmp_path):
         assert set(we) == set(te)
         differ = {k for k in te if we[k] != te[k]}
         assert differ <= {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-                          "TORCHELASTIC_USE_AGENT_STORE", launch.JOB_VAR}, differ
+                          "TORCHELASTIC_USE_AGENT_STORE", "UNCLOSED_DIR", launch.JOB_VAR}, differ
+        assert real["annotations"] == "{'x': <class 'int'>, 'return': None}" and real["builtins"] == "module"
         assert we["RANK"] == te["RANK"] == we["LOCAL_RANK"] == str(rank)
         assert we["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 hosts the store itself
 
@@ -627,6 +632,17 @@ def test_warm_launch_after_heavy_multithreaded_torch_work():
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "warm warm rank 1 done, no newline at the end\n"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_warm_relative_cwd_is_the_kernels_not_the_servers(tmp_path, monkeypatch):
+    launch.warm_up()  # a server started here, in the repository
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "where.py").write_text("import os\nprint(os.getcwd())\n")
+    monkeypatch.chdir(tmp_path)  # then the kernel moves (%cd)
+    r = torchrun("where.py", nproc=2, show=False, cwd="sub", engine="warm", timeout=300)
+    assert r.logs == [f"{tmp_path / 'sub'}\n"] * 2
 
 
 @pytest.mark.slow
