@@ -11,6 +11,7 @@
    GPU lane, where another PyTorch may warn differently) compares stdout only. In a cell whose output is
    not compared (``NBVAL_IGNORE_OUTPUT``), a warning that the stored output does not show fails
    the cell all the same: a PyTorch upgrade that starts warning is something to look at.
+3. Tests record no learner progress (course_utils.progress), whatever this computer's setting.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import shutil
 import tempfile
 
 import pytest
+
+os.environ["COURSE_PROGRESS"] = "0"  # inherited by nbval's kernels and every process a test starts
 
 _KERNEL_FOLDERS: list[str] = []
 _WARNING = re.compile(r"^(?:.*?: )?(\w*Warning): (.*)$", re.MULTILINE)

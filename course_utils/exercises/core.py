@@ -25,12 +25,15 @@ import numpy as np
 import torch
 
 from .. import progress
+from ..i18n import language, tr
 
 TIME_LIMIT_S = 5.0  # the longest a check may take, learner's code included
 MAX_STRETCH = 3.0  # a limit grows by the time spent waiting for a CPU, up to this factor
 MAX_ITEMS = 1000  # the most items a check takes from an iterable answer
-_STUB = "your code still raises NotImplementedError: fill in its body."
-_PLACEHOLDER = "replace the `...` placeholder with your answer, then run this cell again."
+_STUB = ("your code still raises NotImplementedError: fill in its body.",
+         "你的代码仍然抛出 NotImplementedError：请补全函数体。")
+_PLACEHOLDER = ("replace the `...` placeholder with your answer, then run this cell again.",
+                "请把占位符 `...` 换成你的答案，然后重新运行这个单元格。")
 
 
 class Incorrect(Exception):
@@ -50,6 +53,11 @@ _STYLE = {
     "incorrect": ("Incorrect", "#b3261e", "#fdecea"),
     "not_attempted": ("Not attempted yet", "#6b5900", "#fff8e1"),
 }
+_LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答"}
+
+
+def _label(status: str) -> str:
+    return tr(_STYLE[status][0], _LABEL_ZH[status])
 
 
 @dataclass(frozen=True)
@@ -66,10 +74,11 @@ class CheckResult:
     correct = property(__bool__)
 
     def __repr__(self) -> str:
-        return f"[{self.exercise}] {_STYLE[self.status][0]}: {self.message}"
+        return f"[{self.exercise}] {_label(self.status)}: {self.message}"
 
     def _repr_html_(self) -> str:
-        label, fg, bg = _STYLE[self.status]
+        _, fg, bg = _STYLE[self.status]
+        label = _label(self.status)
         msg = html.escape(self.message).replace("\n", "<br>")
         return (
             f'<div style="border-left:4px solid {fg};background:{bg};padding:6px 10px">'
@@ -392,7 +401,7 @@ def _outcome(observe, answer, case, want=None, tol=(0, 0)):
         facts["incorrect"] = str(exc)
         return facts
     except NotImplementedError:
-        raise NotAttempted(_STUB) from None
+        raise NotAttempted(tr(*_STUB)) from None
     except (Exception, SystemExit) as exc:
         facts["error"] = exc
         return facts
@@ -419,10 +428,22 @@ def _explain_exception(exc):
 
 
 @functools.cache
-def _words(module):
-    """The words of a chapter's exercises (``chNN.en.toml`` beside ``chNN.py``), {} if it has none."""
-    path = Path(__file__).with_name(f"{module.rpartition('.')[2]}.en.toml")
+def _words(module, lang="en"):
+    """The words of a chapter's exercises (``chNN.<lang>.toml`` beside ``chNN.py``), {} if it has none."""
+    path = Path(__file__).with_name(f"{module.rpartition('.')[2]}.{lang}.toml")
     return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _words_of(module: str, name: str) -> dict:
+    """An exercise's words in the course's language; English where a translation lacks them."""
+    english = _words(module).get(name, {})
+    lang = language()
+    if lang == "en":
+        return english
+    local = _words(module, lang).get(name, {})
+    if local.get("mistakes", {}).keys() != english.get("mistakes", {}).keys():
+        local = {k: v for k, v in local.items() if k != "mistakes"}
+    return {**english, **local}
 
 
 @dataclass
@@ -443,7 +464,7 @@ class Exercise:
     _hints_shown: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        words = _words(self.model_answer.__module__).get(self.name, {})
+        words = _words_of(self.model_answer.__module__, self.name)
         self.prompt = self.prompt or words.get("prompt", "")
         self.hints = list(self.hints or words.get("hints", []))
         self.reasons = self.reasons or words.get("mistakes", {}) or {k: k for k in self.mistakes}
@@ -457,18 +478,21 @@ class Exercise:
         status = "incorrect"
         try:
             if answer is None or answer is Ellipsis or (isinstance(answer, str) and answer == ""):
-                raise NotAttempted(_PLACEHOLDER)
+                raise NotAttempted(tr(*_PLACEHOLDER))
             with untouched():
                 torch.set_num_threads(1)  # tiny inputs: faster, and steady on a busy machine
                 self._judge(answer)
-            message = "well done (with hints)." if self._hints_shown else "well done."
+            message = tr("well done (with hints).", "做得好（用了提示）。") if self._hints_shown else tr("well done.", "做得好。")
             status = "correct"
         except NotAttempted as exc:
             status, message = "not_attempted", str(exc)
         except Incorrect as exc:
             message = str(exc)
         except TimeUp:
-            message = f"your code did not finish within {TIME_LIMIT_S:g} seconds (an endless loop, a sleep, or an endless iterator?). Make it finish, then check again."
+            message = tr(
+                f"your code did not finish within {TIME_LIMIT_S:g} seconds (an endless loop, a sleep, or an endless iterator?). Make it finish, then check again.",
+                f"你的代码没有在 {TIME_LIMIT_S:g} 秒内结束（无限循环、sleep，还是无尽的迭代器？）。让它能够结束，然后再检查。",
+            )
         except (Exception, SystemExit) as exc:  # a check must never crash the notebook
             message = _explain_exception(exc)
         # saved on this computer only when the learner turned recording on; never raises
@@ -481,13 +505,14 @@ class Exercise:
         if number is None:
             self._hints_shown = number = min(self._hints_shown + 1, n)
         if not 1 <= number <= n:
-            return _Text(f"{self.name}: there are {n} hints", f"Ask for hint 1 to {n}.")
-        return _Text(f"{self.name} · hint {number}/{n}", self.hints[number - 1])
+            return _Text(tr(f"{self.name}: there are {n} hints", f"{self.name}：共有 {n} 条提示"),
+                         tr(f"Ask for hint 1 to {n}.", f"请查看第 1 到第 {n} 条提示。"))
+        return _Text(tr(f"{self.name} · hint {number}/{n}", f"{self.name} · 提示 {number}/{n}"), self.hints[number - 1])
 
     def solution(self) -> _Text:
         """Show the worked solution: the source of the tested solution function."""
         code = textwrap.dedent(inspect.getsource(self.model_answer)).strip("\n")
-        return _Text(f"{self.name} · solution", code, code=True)
+        return _Text(tr(f"{self.name} · solution", f"{self.name} · 参考答案"), code, code=True)
 
     def reference(self) -> Any:
         """A correct answer, as a learner would pass it."""

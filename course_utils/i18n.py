@@ -1,0 +1,69 @@
+"""The course's language: English, or Chinese ("zh-CN") in the Chinese edition (notebooks-zh/).
+
+One setting, read in this order: the environment variable ``COURSE_LANG`` (``en`` or ``zh``); else
+the ``course.language`` metadata of the running notebook (JupyterLab names it in
+``JPY_SESSION_NAME``), else of the notebooks in the working directory (a kernel runs in its
+notebook's folder); else English. Code cells are the same in both editions: the helpers choose
+their words with :func:`tr`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from pathlib import Path
+
+LANGUAGES = ("en", "zh-CN")
+_ALIASES = {"en": "en", "english": "en", "zh": "zh-CN", "zh-cn": "zh-CN", "zh_cn": "zh-CN", "chinese": "zh-CN"}
+
+
+def _normalise(value: str) -> str | None:
+    key = value.strip().lower().split(".")[0]  # zh_CN.UTF-8 -> zh_cn
+    return _ALIASES.get(key)
+
+
+@functools.lru_cache(maxsize=32)
+def _notebook_language(path: str, mtime: float) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            meta = json.load(fh).get("metadata", {})
+    except (OSError, ValueError):
+        return None
+    lang = meta.get("course", {}).get("language")
+    return _normalise(lang) if isinstance(lang, str) else None
+
+
+def _from_notebook(path: Path) -> str | None:
+    try:
+        return _notebook_language(str(path), path.stat().st_mtime)
+    except OSError:
+        return None
+
+
+def language() -> str:
+    """``"en"`` or ``"zh-CN"`` (see the module's docstring)."""
+    env = os.environ.get("COURSE_LANG", "").strip()
+    if env:
+        lang = _normalise(env)
+        if lang is None:
+            warnings.warn(f"COURSE_LANG={env!r} is not a language of the course (en, zh); using English",
+                          stacklevel=2)
+            return "en"
+        return lang
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    if session.endswith(".ipynb"):
+        lang = _from_notebook(Path(session))
+        if lang:
+            return lang
+    for path in sorted(Path.cwd().glob("[0-9][0-9]_*.ipynb"))[:1]:
+        lang = _from_notebook(path)
+        if lang:
+            return lang
+    return "en"
+
+
+def tr(en: str, zh: str) -> str:
+    """`en` or `zh`, in the course's language."""
+    return zh if language() == "zh-CN" else en
