@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint
+.PHONY: lab test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse
 lab:
 	@$(PYTHON) tasks.py lab
 test:
@@ -24,6 +24,12 @@ stress:
 	@$(PYTHON) tasks.py stress
 setup:
 	@$(PYTHON) tasks.py setup
+# the offline install for a workshop room (README): every pinned package as wheels in wheelhouse/,
+# which setup then installs from alone; check-wheelhouse proves it in a fresh venv
+wheelhouse:
+	@$(PYTHON) tasks.py wheelhouse
+check-wheelhouse:
+	@$(PYTHON) tasks.py check-wheelhouse
 doctor: setup
 	@.venv/bin/python -m course_utils doctor
 lint: setup

@@ -13,6 +13,11 @@
     python tasks.py stress [--script-runs N] [--notebook-runs M] [--only scripts|notebooks] [--script NAME]
                                  # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
+    python tasks.py wheelhouse   # every pinned package as wheels for this computer, in wheelhouse/
+    python tasks.py check-wheelhouse  # a fresh venv from wheelhouse/ alone, then the doctor in it
+
+When wheelhouse/ exists (or $COURSE_WHEELHOUSE names a folder), .venv is installed from it alone,
+with no package index: the offline install for a workshop room (README).
 
 Works with any Python 3 to print a clear message; the course itself needs 3.11+.
 """
@@ -31,6 +36,7 @@ VENV = ROOT / ".venv"
 NOTEBOOKS = ROOT / "notebooks"
 REQUIREMENTS = ROOT / "requirements.txt"
 SANITIZE = ROOT / "nbval_sanitize.cfg"
+WHEELHOUSE = ROOT / "wheelhouse"
 MIN_PY = (3, 11)
 KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is slow, not dead
 CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
@@ -70,7 +76,47 @@ def stamp_value():
     return h.hexdigest()
 
 
-def _explain_pip_failure(log_text):
+def find_wheelhouse():
+    """The folder of wheels to install from, with no index: $COURSE_WHEELHOUSE (relative to the
+    course folder, or absolute), else wheelhouse/ when it exists; None: install from the index."""
+    named = os.environ.get("COURSE_WHEELHOUSE", "").strip()
+    if not named:
+        return WHEELHOUSE if WHEELHOUSE.is_dir() else None
+    wheels = ROOT / Path(named).expanduser()
+    if not wheels.is_dir():
+        die("COURSE_WHEELHOUSE names %s, which is not a folder; unset it to install from %s."
+            % (wheels, "wheelhouse/" if WHEELHOUSE.is_dir() else "a package index"))
+    return wheels
+
+
+def shown_path(path):
+    """`path` as the course folder's people see it: relative to it (with a slash for a folder)."""
+    try:
+        return str(path.relative_to(ROOT)).replace(os.sep, "/") + ("/" if path.is_dir() else "")
+    except ValueError:
+        return str(path)
+
+
+def pip_alone_env(base=None):
+    """An environment in which pip reads no configuration file and no PIP_* variable: what it
+    installs then comes only from the sources on its command line."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.upper().startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip's documented switch: no pip.conf at all
+    return env
+
+
+def _explain_pip_failure(log_text, wheels=None):
+    if wheels is not None:
+        missing = re.search(r"No matching distribution found for (\S+)", log_text)
+        if missing or re.search(r"Could not find a version", log_text):
+            return (
+                "could not install the pinned packages from %s alone: it has no wheel of %s for this "
+                "computer (its system, processor and Python). Make it on a computer like this one with "
+                "`make wheelhouse` (for other platforms, see the README's \"Offline install for a "
+                "workshop room\"), or %s to install from a package index."
+                % (shown_path(wheels), missing.group(1) if missing else "a pinned package",
+                   "unset COURSE_WHEELHOUSE" if os.environ.get("COURSE_WHEELHOUSE", "").strip() else "remove it")
+            )
     offline = re.search(
         r"(No matching distribution found|Could not find a version|Failed to establish|"
         r"Temporary failure in name resolution|Network is unreachable|ProxyError|"
@@ -87,15 +133,18 @@ def _explain_pip_failure(log_text):
     return "installing the pinned packages failed: " + " | ".join(last)
 
 
-def ensure_venv(quiet=False, venv=None, base=None):
+def ensure_venv(quiet=False, venv=None, base=None, wheels=None, pip_env=None):
     """Create a venv (.venv unless `venv` is given, with the Python `base`) and install
-    requirements + course_utils into it, unless its stamp says it is current."""
+    requirements + course_utils into it, unless its stamp says it is current. The packages come from
+    the folder `wheels` alone (for .venv, by default: the wheelhouse, when there is one), else from
+    the index; `pip_env`: the environment pip runs in (default: this one)."""
     venv = venv or VENV
     py = venv_python(venv)
     stamp = venv / ".course-stamp"
     want = stamp_value()
     if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
         _build_font_cache(py, venv)
+        _write_lab_overrides(venv)
         return py
     base = base or find_base_python()
     if not py.exists():
@@ -104,21 +153,32 @@ def ensure_venv(quiet=False, venv=None, base=None):
         if r.returncode != 0:
             die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)." % venv.name)
     log = venv / "pip-install.log"
-    print("Installing the pinned requirements into %s (several minutes the first time;"
-          " log: %s/pip-install.log) ..." % (venv.name, venv.name), flush=True)
+    if wheels is None and venv == VENV:  # the README's .venv only: a wheelhouse is for one Python
+        wheels = find_wheelhouse()
+    source = ["--no-index", "--find-links", str(wheels)] if wheels else []
+    if wheels:
+        made_for = wheels / "requirements.txt"  # written by `make wheelhouse`
+        if made_for.exists() and made_for.read_bytes() != REQUIREMENTS.read_bytes():
+            print("Note: %s was made for another requirements.txt; if a package is missing, run "
+                  "`make wheelhouse` again." % shown_path(wheels), flush=True)
+    print("Installing the pinned requirements into %s%s (several minutes the first time;"
+          " log: %s/pip-install.log) ..." % (
+              venv.name, " from %s alone, no package index" % shown_path(wheels) if wheels else "",
+              venv.name), flush=True)
     t0 = time.time()
     with open(log, "w") as fh:
         steps = [
-            [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(REQUIREMENTS)],
-            [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
-             "--no-build-isolation", "-e", str(ROOT)],
+            [str(py), "-m", "pip", "install", "--disable-pip-version-check"] + source + ["-r", str(REQUIREMENTS)],
+            [str(py), "-m", "pip", "install", "--disable-pip-version-check"] + source + [
+             "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
         ]
         for cmd in steps:
-            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT))
+            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT), env=pip_env)
             if r.returncode != 0:
                 fh.flush()
-                die(_explain_pip_failure(log.read_text(errors="replace")))
+                die(_explain_pip_failure(log.read_text(errors="replace"), wheels))
     _build_font_cache(py, venv)
+    _write_lab_overrides(venv)
     stamp.write_text(want + "\n")
     print("Environment ready in %.0f s." % (time.time() - t0), flush=True)
     return py
@@ -140,6 +200,28 @@ def _build_font_cache(py, venv):
     if not list((venv / "mplconfig").glob("fontlist-*.json")):
         subprocess.run([str(py), "-c", "import matplotlib.font_manager"], env=venv_env(venv),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+
+
+# Settings every venv's JupyterLab starts with: its share/jupyter/lab/settings/overrides.json, read by the
+# lab and by jupyterlab-rise's slideshow page. reveal.js's theme "simple", RISE's default, loads Google
+# Fonts from the internet; "white" uses local fonts, so slides work offline.
+LAB_OVERRIDES = {"jupyterlab-rise:plugin": {"theme": "white"}}
+
+
+def _write_lab_overrides(venv):
+    import json
+
+    path = venv / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = {}
+    merged = dict(current) if isinstance(current, dict) else {}
+    for plugin, values in LAB_OVERRIDES.items():
+        merged[plugin] = dict(merged.get(plugin) or {}, **values)
+    if merged != current:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(merged, indent=2) + "\n")
 
 
 def in_venv(args, **kw):
@@ -165,7 +247,9 @@ def cmd_lab(argv):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--allow-root")  # containers and CI run as root; Jupyter refuses that without the flag
     args += list(argv)
-    return subprocess.call(args, cwd=str(ROOT), env=venv_env())
+    env = venv_env()
+    env["COURSE_PROGRESS"] = os.environ.get("COURSE_PROGRESS", "").strip() or "1"  # record checks; an explicit 0 wins
+    return subprocess.call(args, cwd=str(ROOT), env=env)
 
 
 def nbval_args(mode="--nbval"):
@@ -179,7 +263,7 @@ def cmd_test(argv):
     ensure_venv()
     targets = list(argv) or ["tests", "notebooks"]
     args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + targets
-    return in_venv(args)
+    return in_venv(args, env=dict(os.environ, COURSE_PROGRESS="0"))  # the tests record no progress
 
 
 def notebooks_from(argv):
@@ -330,7 +414,7 @@ def cmd_test_gpu(argv):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print("GPU lane: torch %s, %d GPU(s), Python %s" % (torch.__version__, gpus, sys.version.split()[0]),
           flush=True)
-    env = dict(os.environ, COURSE_GPU_LANE="1")
+    env = dict(os.environ, COURSE_GPU_LANE="1", COURSE_PROGRESS="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"] + nbval_args("--nbval-lax")
     rc = subprocess.call(args + list(argv or [str(NOTEBOOKS)]), cwd=str(ROOT), env=env)
@@ -367,7 +451,7 @@ def cmd_test_spawn(argv):
     spawn and fork does not exist (tests/spawn_only/sitecustomize.py). Outputs that name the start
     method differ there, so the run is lax: any error fails, and the tagged cells are compared."""
     ensure_venv()
-    env = dict(os.environ)
+    env = dict(os.environ, COURSE_PROGRESS="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests" / "spawn_only"), env.get("PYTHONPATH")) if p)
     targets = list(argv) or [str(NOTEBOOKS / n) for n in SPAWN_NOTEBOOKS]
     args = ["-m", "pytest", "-p", "no:cacheprovider"] + nbval_args("--nbval-lax") + ["-n", "2", "--dist", "loadfile"] + targets
@@ -384,7 +468,7 @@ def cmd_test_slurm(argv):
     if missing:
         die("the Slurm lane needs %s: on Debian or Ubuntu `apt-get install --no-install-recommends "
             "slurm-wlm munge`." % ", ".join(missing))
-    env = dict(os.environ, COURSE_SLURM_LANE="1")
+    env = dict(os.environ, COURSE_SLURM_LANE="1", COURSE_PROGRESS="0")
     env["PATH"] = os.pathsep.join([str(venv_python().parent), env.get("PATH", "")])  # the job runs `python`
     args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "slurm")] + list(argv)
     return in_venv(args, env=env)
@@ -397,7 +481,7 @@ def cmd_test_browser(argv):
     ensure_venv()
     if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
         die("the browser lane needs Chromium: on Debian or Ubuntu `apt-get install chromium`.")
-    env = dict(os.environ, COURSE_BROWSER_LANE="1")
+    env = dict(os.environ, COURSE_BROWSER_LANE="1", COURSE_PROGRESS="0")
     env.pop("JUPYTER_TOKEN", None)
     args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "browser")] + list(argv)
     return in_venv(args, env=env)
@@ -461,7 +545,8 @@ def cmd_test_pythons(argv):
             rows.append((v, 0, t1 - t0, 0.0))
             continue
         args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + (rest or ["tests", "notebooks"])
-        rc = subprocess.call([str(py)] + args, cwd=str(ROOT), env=venv_env(py.parent.parent))
+        rc = subprocess.call([str(py)] + args, cwd=str(ROOT),
+                             env=venv_env(py.parent.parent, base=dict(os.environ, COURSE_PROGRESS="0")))
         rows.append((v, rc, t1 - t0, time.time() - t1))
     print("\n%-8s %-8s %10s %10s" % ("Python", "result", "install s", "suite s"))
     for v, rc, inst, suite in rows:
@@ -469,8 +554,107 @@ def cmd_test_pythons(argv):
     return 0 if all(r[1] == 0 for r in rows) else 1
 
 
+def _size(nbytes):
+    return "%.1f GB" % (nbytes / 1e9) if nbytes >= 1e9 else "%.0f MB" % (nbytes / 1e6)
+
+
+def _scratch(prefix):
+    """A scratch folder inside the course folder (on the disk that holds the venvs: a system temporary
+    folder may be a small RAM disk), and an environment whose temporary files go there too."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=str(ROOT)))
+    return tmp, dict(os.environ, TMPDIR=str(tmp), TEMP=str(tmp), TMP=str(tmp))
+
+
+def cmd_wheelhouse(argv):
+    """Every pinned package with its dependencies, as wheels for this computer's system, processor and
+    Python, in wheelhouse/ ($COURSE_WHEELHOUSE names another folder): what setup installs, resolved by
+    the pip that fills .venv. A current .venv fixes the versions of the dependencies to its own.
+    Made in a .partial folder first, so that wheelhouse/ exists only complete."""
+    named = os.environ.get("COURSE_WHEELHOUSE", "").strip()
+    target = ROOT / Path(named).expanduser() if named else WHEELHOUSE
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(str(partial), ignore_errors=True)
+    partial.mkdir(parents=True)
+    tmp, env = _scratch(".wheelhouse-")
+    try:
+        py = venv_python()
+        if not py.exists():  # a venv with only pip, made as .venv would be
+            r = subprocess.run([find_base_python(), "-m", "venv", str(tmp / "pip")])
+            if r.returncode != 0:
+                die("could not create a venv (on Debian/Ubuntu: apt-get install python3-venv).")
+            py = venv_python(tmp / "pip")
+        where = subprocess.run([str(py), "-c", "import sys, sysconfig; print('Python %d.%d, %s' % "
+                                "(sys.version_info[:2] + (sysconfig.get_platform(),)))"],
+                               stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
+        cmd = [str(py), "-m", "pip", "wheel", "--disable-pip-version-check", "-r", str(REQUIREMENTS),
+               "--wheel-dir", str(partial)]
+        stamp = VENV / ".course-stamp"
+        if stamp.exists() and stamp.read_text().strip() == stamp_value():
+            pinned = set(re.sub(r"[-_.]+", "-", ln.split("==")[0].strip()).lower()
+                         for ln in REQUIREMENTS.read_text().splitlines() if "==" in ln.split("#")[0])
+            listed = subprocess.run([str(py), "-m", "pip", "list", "--disable-pip-version-check",
+                                     "--format=freeze", "--exclude-editable"],
+                                    stdout=subprocess.PIPE, universal_newlines=True).stdout.splitlines()
+            (tmp / "venv-versions.txt").write_text("".join(
+                ln + "\n" for ln in listed
+                if "==" in ln and re.sub(r"[-_.]+", "-", ln.split("==")[0]).lower() not in pinned))
+            cmd += ["--constraint", str(tmp / "venv-versions.txt")]
+            print("The dependencies' versions: those of .venv.", flush=True)
+        log = partial / "pip-wheel.log"
+        print("Downloading every pinned package and its dependencies for %s into %s (several minutes; "
+              "log: %s) ..." % (where, shown_path(partial), shown_path(log)), flush=True)
+        t0 = time.time()
+        with open(log, "w") as fh:
+            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env)
+        if r.returncode != 0:
+            die(_explain_pip_failure(log.read_text(errors="replace")) + " (log: %s)" % shown_path(log))
+        log.unlink()
+        shutil.copyfile(str(REQUIREMENTS), str(partial / "requirements.txt"))  # what it was made for
+        shutil.rmtree(str(target), ignore_errors=True)
+        partial.rename(target)
+    finally:
+        shutil.rmtree(str(tmp), ignore_errors=True)
+    wheels = sorted(target.glob("*.whl"))
+    total = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
+    print("%s: %d wheels, %s, for %s, in %.0f s. `make lab`, `make test` and `make setup` now install "
+          "from it alone; copy the course folder with it to a computer like this one." % (
+              shown_path(target), len(wheels), _size(total), where, time.time() - t0), flush=True)
+    return 0
+
+
+def cmd_check_wheelhouse(argv):
+    """A fresh venv in a temporary folder, filled from the wheelhouse alone: no index, no pip
+    configuration file and no PIP_* variable (nothing else on this computer can supply a package),
+    then `python -m course_utils doctor` in it, which must report no FAIL."""
+    wheels = find_wheelhouse()
+    if wheels is None:
+        die("there is no wheelhouse/ to check: make it first with `make wheelhouse`.")
+    tmp, env = _scratch(".check-wheelhouse-")
+    try:
+        print("A fresh venv from %s alone: no package index, PIP_CONFIG_FILE=%s, no PIP_* variable ..." % (
+            shown_path(wheels), os.devnull), flush=True)
+        t0 = time.time()
+        py = ensure_venv(venv=tmp / "venv", wheels=wheels, pip_env=pip_alone_env(env))
+        took = time.time() - t0
+        r = subprocess.run([str(py), "-m", "course_utils", "doctor"], cwd=str(ROOT),
+                           env=venv_env(tmp / "venv", base=pip_alone_env(env)),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        text = r.stdout.decode("utf-8", "replace")
+        sys.stdout.write(text)
+        ok = r.returncode == 0 and not any(ln.startswith("FAIL") for ln in text.splitlines())
+    finally:
+        shutil.rmtree(str(tmp), ignore_errors=True)
+    print("check-wheelhouse: %s (installed from %s alone in %.0f s; the doctor %s)" % (
+        "ok" if ok else "FAILED", shown_path(wheels), took, "reports no FAIL" if ok else "FAILED"), flush=True)
+    return 0 if ok else 1
+
+
 COMMANDS = {
     "setup": cmd_setup,
+    "wheelhouse": cmd_wheelhouse,
+    "check-wheelhouse": cmd_check_wheelhouse,
     "test-browser": cmd_test_browser,
     "lab": cmd_lab,
     "test": cmd_test,
