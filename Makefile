@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse
+.PHONY: lab test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
 test:
@@ -32,5 +32,11 @@ check-wheelhouse:
 	@$(PYTHON) tasks.py check-wheelhouse
 doctor: setup
 	@.venv/bin/python -m course_utils doctor
+# for instructors: each cell's slide type from the notebooks' headings (tools/slides.py), and the
+# instructor guide's generated parts and answer key from the exercises (tools/workshop.py)
+slides:
+	@$(PYTHON) tasks.py slides
+guide:
+	@$(PYTHON) tasks.py guide
 lint: setup
 	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py tools benchmarks

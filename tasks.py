@@ -272,14 +272,28 @@ def notebooks_from(argv):
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
+NO_PROGRESS = {"COURSE_PROGRESS": "0"}  # executions and timings record no learner progress
+
+
 def cmd_execute(argv):
     ensure_venv()
-    return in_venv(["-m", "tools.notebook", "execute"] + [str(p) for p in notebooks_from(argv)])
+    paths = [str(p) for p in notebooks_from(argv)]
+    return in_venv(["-m", "tools.notebook", "execute"] + paths, env=dict(os.environ, **NO_PROGRESS))
 
 
 def cmd_bench(argv):
     ensure_venv()
-    return in_venv(["-m", "tools.notebook", "bench"] + list(argv))
+    return in_venv(["-m", "tools.notebook", "bench"] + list(argv), env=dict(os.environ, **NO_PROGRESS))
+
+
+def cmd_slides(argv):
+    """Each cell's slide type (RISE) from the notebook's structure: tools/slides.py."""
+    return in_venv(["-m", "tools.slides"] + list(argv))
+
+
+def cmd_guide(argv):
+    """The instructor guide's generated parts and answer key, from the exercises: tools/workshop.py."""
+    return in_venv(["-m", "tools.workshop"] + list(argv))
 
 
 # The documented normal mode of every script in notebooks/scripts/ (its docstring's command),
@@ -396,7 +410,8 @@ def cmd_stress(argv):
             failures += nfail
     if opts.only != "scripts":
         print("\nNotebooks, %d run(s) each, in a fresh kernel ..." % opts.notebook_runs, flush=True)
-        rc = in_venv(["-m", "tools.notebook", "stress", "--runs", str(opts.notebook_runs)])
+        rc = in_venv(["-m", "tools.notebook", "stress", "--runs", str(opts.notebook_runs)],
+                     env=dict(os.environ, **NO_PROGRESS))
         failures += rc != 0
     print("\nstress: %s" % ("no failure" if failures == 0 else "FAILED"), flush=True)
     return 0 if failures == 0 else 1
@@ -659,6 +674,8 @@ COMMANDS = {
     "lab": cmd_lab,
     "test": cmd_test,
     "execute": cmd_execute,
+    "slides": cmd_slides,
+    "guide": cmd_guide,
     "bench": cmd_bench,
     "stress": cmd_stress,
     "test-gpu": cmd_test_gpu,

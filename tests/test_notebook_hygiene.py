@@ -10,6 +10,9 @@ from course_utils import ROOT
 
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
 IDS = [p.name for p in NOTEBOOKS]
+# Both editions: the English notebooks and the Chinese ones built from them (notebooks-zh/).
+EDITIONS = NOTEBOOKS + sorted((ROOT / "notebooks-zh").glob("[0-9][0-9]_*.ipynb"))
+EDITION_IDS = [f"{p.parent.name}/{p.name}" for p in EDITIONS]
 README = (ROOT / "README.md").read_text()
 
 # The snippet ids of the source chapter ("Every snippet of the source, accounted for" in the course
@@ -64,14 +67,14 @@ def test_readme_lists_no_missing_notebook():
     assert not missing, f"README.md lists notebooks that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_executed_in_order_from_one(path):
     counts = [c.get("execution_count") for c in code_cells(load(path))]
     assert None not in counts, "some code cells were never executed: run `make execute`"
     assert counts == list(range(1, len(counts) + 1)), "execution counts must be 1..N: re-run in a fresh kernel"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_errors_only_where_expected(path):
     """An expected failure carries the cell tag `raises-exception`: JupyterLab's Run All goes on
     past such a cell (and stops at any other error); nbval honours the tag too."""
@@ -85,7 +88,7 @@ def test_errors_only_where_expected(path):
         assert not (expected and not errors), f"code cell {i} is tagged `raises-exception` but stores no error"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_kernel_is_python3(path):
     assert load(path)["metadata"]["kernelspec"]["name"] == "python3"
 
@@ -104,7 +107,7 @@ def _machine_path_patterns() -> list[str]:
     return pats
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_no_machine_paths(path):
     text = path.read_text()
     for pat in _machine_path_patterns():
@@ -112,7 +115,7 @@ def test_no_machine_paths(path):
         assert not m, f"{path.name} contains a path of the author's machine: {m.group(0)!r} (run `make execute`)"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_no_widget_state(path):
     nb = load(path)
     assert "widgets" not in nb["metadata"], "widget state stored in the metadata: run `make execute`"
@@ -133,7 +136,7 @@ def test_title_learning_goals_and_recap(path):
     assert recap and recap[-1] >= len(cells) // 2, "a '## Recap' section near the end"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_widget_cells_are_ignored_and_have_a_static_twin(path):
     cells = code_cells(load(path))
     for i, cell in enumerate(cells):
