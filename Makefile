@@ -1,9 +1,12 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
+.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
+# the Chinese edition (notebooks-zh/), in a JupyterLab in Chinese
+lab-zh:
+	@$(PYTHON) tasks.py lab-zh
 test:
 	@$(PYTHON) tasks.py test
 test-spawn:

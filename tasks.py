@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOKS_ZH = ROOT / "notebooks-zh"  # the Chinese edition, built by `python -m tools.translate build`
 REQUIREMENTS = ROOT / "requirements.txt"
 SANITIZE = ROOT / "nbval_sanitize.cfg"
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -235,6 +236,15 @@ def cmd_setup(argv):
     return 0
 
 
+def cmd_lab_zh(argv):
+    """JupyterLab in Chinese (its language pack) on the Chinese notebooks."""
+    settings = ROOT / ".lab-zh" / "settings" / "@jupyterlab" / "translation-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "plugin.jupyterlab-settings").write_text('{"locale": "zh_CN"}\n')
+    return cmd_lab(["--notebook-dir=" + str(NOTEBOOKS_ZH),
+                    "--LabApp.user_settings_dir=" + str(ROOT / ".lab-zh" / "settings")] + list(argv))
+
+
 def cmd_lab(argv):
     py = ensure_venv()
     if os.environ.get("JUPYTER_TOKEN", None) == "":
@@ -261,15 +271,19 @@ def nbval_args(mode="--nbval"):
 def cmd_test(argv):
     """Unit tests + hygiene tests + strict nbval over every notebook, notebooks in parallel."""
     ensure_venv()
-    targets = list(argv) or ["tests", "notebooks"]
+    targets = list(argv) or ["tests", "notebooks"] + (["notebooks-zh"] if NOTEBOOKS_ZH.is_dir() else [])
     args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + targets
     return in_venv(args, env=dict(os.environ, COURSE_PROGRESS="0"))  # the tests record no progress
 
 
 def notebooks_from(argv):
+    """The notebooks named, else both editions (the Chinese one rebuilt from the English first)."""
     if argv:
         return [Path(a).resolve() for a in argv]
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    english = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if NOTEBOOKS_ZH.is_dir() and in_venv(["-m", "tools.translate", "build"]) == 0:
+        return english + sorted(NOTEBOOKS_ZH.glob("[0-9][0-9]_*.ipynb"))
+    return english
 
 
 NO_PROGRESS = {"COURSE_PROGRESS": "0"}  # executions and timings record no learner progress
@@ -672,6 +686,7 @@ COMMANDS = {
     "check-wheelhouse": cmd_check_wheelhouse,
     "test-browser": cmd_test_browser,
     "lab": cmd_lab,
+    "lab-zh": cmd_lab_zh,
     "test": cmd_test,
     "execute": cmd_execute,
     "slides": cmd_slides,

@@ -422,9 +422,10 @@ def _explain_exception(exc):
     for fr in reversed(traceback.extract_tb(exc.__traceback__)):  # the learner's own frame
         path = fr.filename.replace("\\", "/")
         if "/course_utils/" not in path and "/torch/" not in path:
-            where = f" (line {fr.lineno}: `{(fr.line or '').strip()}`)"
+            where = tr(f" (line {fr.lineno}: `{(fr.line or '').strip()}`)", f"（第 {fr.lineno} 行：`{(fr.line or '').strip()}`）")
             break
-    return f"your code raised {type(exc).__name__}: {exc}{where}. Fix that error first, then check again."
+    return tr(f"your code raised {type(exc).__name__}: {exc}{where}. Fix that error first, then check again.",
+              f"你的代码抛出了 {type(exc).__name__}: {exc}{where}。请先修正这个错误，再检查。")
 
 
 @functools.cache
@@ -527,9 +528,11 @@ class Exercise:
         var, base, it = self.name.lower() if self.name[0] == "Q" else "q1", self.form, kind(answer)
         call = f"`{var}.check({self.model_answer.__name__})`"
         if base == "function" and (not callable(answer) or isinstance(answer, type)):
-            raise Incorrect(f"pass your function itself, {call} (without calling it), not {it}.")
+            raise Incorrect(tr(f"pass your function itself, {call} (without calling it), not {it}.",
+                               f"请传入函数本身，{call}（不要调用它），而不是 {it}。"))
         if isinstance(base, type) and not (isinstance(answer, type) and issubclass(answer, base)):
-            why = f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}."
+            why = tr(f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}.",
+                     f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；这里传入的是 {it}。")
             raise Incorrect(why)
         budget, tol = TIME_LIMIT_S, self.tol  # only the learner's code counts against the limit
         for i in range(len(self.cases())):
@@ -554,7 +557,7 @@ class Exercise:
         if key in ("incorrect", "error"):
             return got if key == "incorrect" else _explain_exception(got)
         if key == "result" and self.form == "value":
-            return f"{_show(got, want)} is not right. {self.hints[0]}"
+            return tr(f"{_show(got, want)} is not right. {self.hints[0]}", f"{_show(got, want)} 不对。{self.hints[0]}")
         where, tol = self.describe(case), self.tol
         where = f"{where[:1].upper()}{where[1:]}, " if where else ""
         if key == "result":
@@ -566,4 +569,5 @@ class Exercise:
             key, got, want = f"{key} (item {i})", got[i], want[i]
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
             return f"{where}{key} {_tensor_diff(got, want)}."
-        return f"{where}{key} is {_show(got, want)}, but it should be {_show(want, got)}."
+        return tr(f"{where}{key} is {_show(got, want)}, but it should be {_show(want, got)}.",
+                  f"{where}{key} 是 {_show(got, want)}，但应该是 {_show(want, got)}。")
