@@ -1,0 +1,180 @@
+"""The Chinese edition, built from the English notebooks and one translation file per notebook.
+
+    python -m tools.translate build          # notebooks-zh/*.ipynb from notebooks/ and i18n/zh-CN/
+    python -m tools.translate check          # fail, naming each cell, if a translation is missing or stale
+    python -m tools.translate skeleton NB    # add entries for NB's untranslated cells to its file
+
+i18n/zh-CN/<notebook>.toml holds one table per Markdown cell, keyed by the cell's id:
+
+    ["9b94147d"]
+    hash = "3f2a9c1b7d4e"          # of the English text this translates (sha256, 12 hex digits)
+    en = "# 04 · torch.distributed with real processes"   # its first words, for people
+    zh = '''
+    # 04 · 用真实进程运行 torch.distributed
+    ...'''
+
+A translation whose English cell changed since (another hash) is stale: `check` and `build` name the
+cell by id and first words, and fail. Code cells are copied from the English notebook, so the code
+cannot drift; the Chinese notebooks' outputs come from running them (``python tasks.py execute``).
+The build keeps a Chinese notebook's outputs while its code is unchanged, and marks the notebook's
+language in its metadata (``course.language``), where course_utils reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from course_utils import ROOT
+
+LANG = "zh-CN"
+SOURCE = ROOT / "notebooks"
+TARGET = ROOT / "notebooks-zh"
+TRANSLATIONS = ROOT / "i18n" / LANG
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def first_words(text: str, n: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def dump(nb: dict, path: Path) -> None:
+    path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def notebooks() -> list[Path]:
+    return sorted(SOURCE.glob("[0-9][0-9]_*.ipynb"))
+
+
+def translations(name: str) -> dict:
+    path = TRANSLATIONS / f"{Path(name).stem}.toml"
+    return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _untranslated(en: str, zh: str) -> bool:
+    """The English text itself (as a skeleton leaves it), where it has English prose to translate."""
+    prose = re.sub(r"```.*?```|`[^`]*`|\$[^$]*\$|\([^)]*\)", " ", en, flags=re.S)
+    return en.strip() == zh.strip() and len(re.findall(r"[A-Za-z]{3,}", prose)) >= 3
+
+
+def problems(nb_path: Path) -> list[str]:
+    """What stops `nb_path` from being built: missing, stale or orphaned translations."""
+    nb, done = load(nb_path), translations(nb_path.name)
+    found = []
+    ids = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        ids.add(cell["id"])
+        src = "".join(cell["source"])
+        entry = done.get(cell["id"])
+        where = f"{nb_path.name} cell {cell['id']} ({first_words(src, 50)!r})"
+        if entry is None or not str(entry.get("zh", "")).strip() or _untranslated(src, entry["zh"]):
+            found.append(f"missing translation: {where}")
+        elif entry.get("hash") != text_hash(src):
+            found.append(f"stale translation (the English text changed): {where}")
+    for orphan in sorted(done.keys() - ids):
+        found.append(f"translation of a cell that is no longer there: {nb_path.name} cell {orphan}")
+    return found
+
+
+def build_one(nb_path: Path) -> dict:
+    """The Chinese notebook: the English one with every Markdown cell translated; the outputs of
+    the existing Chinese notebook kept where a code cell is unchanged."""
+    nb, done = load(nb_path), translations(nb_path.name)
+    old = TARGET / nb_path.name
+    kept = {}
+    if old.exists():
+        for cell in load(old)["cells"]:
+            if cell["cell_type"] == "code":
+                kept[(cell["id"], "".join(cell["source"]))] = cell
+    out = copy.deepcopy(nb)
+    for cell in out["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = done[cell["id"]]["zh"].strip("\n").splitlines(keepends=True)
+        elif (cell["id"], "".join(cell["source"])) in kept:
+            prev = kept[(cell["id"], "".join(cell["source"]))]
+            cell["outputs"], cell["execution_count"] = prev["outputs"], prev["execution_count"]
+    out["metadata"]["course"] = {"language": LANG, "built_from": f"notebooks/{nb_path.name}"}
+    return out
+
+
+def code_drift(nb_path: Path) -> list[str]:
+    """Cells of the Chinese notebook whose code or order differs from the English notebook's."""
+    target = TARGET / nb_path.name
+    if not target.exists():
+        return [f"not built yet: notebooks-zh/{nb_path.name} (run `python -m tools.translate build`)"]
+    want, have = build_one(nb_path), load(target)
+    strip = lambda nb: [(c["id"], c["cell_type"], "".join(c["source"])) for c in nb["cells"]]  # noqa: E731
+    if strip(want) != strip(have):
+        return [f"notebooks-zh/{nb_path.name} is not the build of notebooks/{nb_path.name} and its "
+                "translation: run `python -m tools.translate build`"]
+    return []
+
+
+def skeleton(nb_path: Path) -> int:
+    """Append an entry (with the English text to translate in `zh`) for every cell lacking one."""
+    nb, done = load(nb_path), translations(nb_path.name)
+    path = TRANSLATIONS / f"{nb_path.stem}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    added = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown" and cell["id"] not in done:
+            src = "".join(cell["source"])
+            if "'''" in src:
+                raise SystemExit(f"{nb_path.name} cell {cell['id']}: contains ''' (cannot be a TOML literal)")
+            added.append(f'["{cell["id"]}"]\nhash = "{text_hash(src)}"\nen = {json.dumps(first_words(src), ensure_ascii=False)}\n'
+                         f"zh = '''\n{src}'''\n")
+    if added:
+        head = "" if path.exists() else f"# {nb_path.name} in Chinese: one table per Markdown cell (see tools/translate.py).\n\n"
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(head + "\n".join(added))
+    return len(added)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.translate", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build")
+    sub.add_parser("check")
+    sk = sub.add_parser("skeleton")
+    sk.add_argument("notebook")
+    args = parser.parse_args(argv)
+    if args.cmd == "skeleton":
+        nb = SOURCE / Path(args.notebook).name
+        print(f"{skeleton(nb)} entries added to {TRANSLATIONS.relative_to(ROOT) / (nb.stem + '.toml')}")
+        return 0
+    found = [p for nb in notebooks() for p in problems(nb)]
+    if args.cmd == "check" and not found:
+        found = [p for nb in notebooks() for p in code_drift(nb)]
+    if found:
+        print("\n".join(found), file=sys.stderr)
+        print(f"{len(found)} problem(s): translate or update those cells in {TRANSLATIONS.relative_to(ROOT)}/"
+              " (`hash` is the English text's, see tools/translate.py)", file=sys.stderr)
+        return 1
+    if args.cmd == "build":
+        TARGET.mkdir(exist_ok=True)
+        for nb in notebooks():
+            dump(build_one(nb), TARGET / nb.name)
+        print(f"built {len(notebooks())} notebooks in {TARGET.relative_to(ROOT)}/")
+    else:
+        print(f"every Markdown cell of {len(notebooks())} notebooks has a current translation")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
