@@ -196,9 +196,9 @@ PLT = "import matplotlib.pyplot as plt; "
 WIDGETS = {
     "00_start_here.ipynb": [
         ("f857490b", [("slider", "seed", "3")],
-         PLT + "from course_utils import gallery; d = gallery.GALLERY_DEFAULTS; gallery.show(d['split'], d['label'], d['n'], 3); plt.show()"),
+         PLT + "from course_utils import ch00_start_here as gallery; d = gallery.GALLERY_DEFAULTS; gallery.show(d['split'], d['label'], d['n'], 3); plt.show()"),
         ("f857490b", [("toggle", "test")],
-         PLT + "from course_utils import gallery; d = gallery.GALLERY_DEFAULTS; gallery.show('test', d['label'], d['n'], 3); plt.show()"),
+         PLT + "from course_utils import ch00_start_here as gallery; d = gallery.GALLERY_DEFAULTS; gallery.show('test', d['label'], d['n'], 3); plt.show()"),
     ],
     "01_autograd.ipynb": [
         ("226d7a89", [("slider", "x", "1.0")],
