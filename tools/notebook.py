@@ -13,6 +13,7 @@ same forms that ``nbval_sanitize.cfg`` produces when nbval re-runs a notebook.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,18 @@ from pathlib import Path
 from course_utils import ROOT
 
 NOTEBOOKS = ROOT / "notebooks"
+
+
+def chapters(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The chapters of `folder`, in order: its ``NN_topic.ipynb`` files."""
+    return sorted(Path(folder).glob("[0-9][0-9]_*.ipynb"))
+
+
+def dumps(nb: dict) -> str:
+    """A notebook as JupyterLab and nbformat store it: indent 1, sorted keys, characters as they are."""
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
@@ -199,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--runs", type=int, default=3)
     st.add_argument("notebooks", nargs="*")
     args = parser.parse_args(argv)
-    paths = [Path(p).resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    paths = [Path(p).resolve() for p in args.notebooks] or chapters()
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         print("no such notebook: " + ", ".join(missing), file=sys.stderr)

@@ -60,6 +60,7 @@ import sys
 from pathlib import Path
 
 from course_utils import ROOT
+from tools.notebook import dumps
 
 NOTEBOOKS = ROOT / "notebooks"
 
@@ -215,11 +216,6 @@ def apply(nb: dict) -> int:
             meta["slideshow"] = {"slide_type": t}
             changed += 1
     return changed
-
-
-def dumps(nb: dict) -> str:
-    """A notebook as JupyterLab and nbformat store it."""
-    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def update(path: Path, write: bool = True) -> int:

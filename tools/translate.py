@@ -32,6 +32,7 @@ import tomllib
 from pathlib import Path
 
 from course_utils import ROOT
+from tools.notebook import chapters, dumps
 
 LANG = "zh-CN"
 SOURCE = ROOT / "notebooks"
@@ -52,12 +53,8 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def dump(nb: dict, path: Path) -> None:
-    path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def notebooks() -> list[Path]:
-    return sorted(SOURCE.glob("[0-9][0-9]_*.ipynb"))
+    return chapters(SOURCE)
 
 
 def translations(name: str) -> dict:
@@ -169,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         TARGET.mkdir(exist_ok=True)
         for nb in notebooks():
-            dump(build_one(nb), TARGET / nb.name)
+            (TARGET / nb.name).write_text(dumps(build_one(nb)), encoding="utf-8")
         print(f"built {len(notebooks())} notebooks in {TARGET.relative_to(ROOT)}/")
     else:
         print(f"every Markdown cell of {len(notebooks())} notebooks has a current translation")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import ROOT
+from tools.notebook import chapters
 
 NOTEBOOKS = ROOT / "notebooks"
 GUIDE = ROOT / "docs" / "instructor"
@@ -40,7 +41,7 @@ def begin(name: str) -> str:
 
 def notebooks() -> list[Path]:
     """The chapters, in order: ``notebooks/NN_topic.ipynb``."""
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    return chapters(NOTEBOOKS)
 
 
 def page(notebook: Path) -> Path:
