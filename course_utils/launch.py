@@ -207,7 +207,7 @@ class _Torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", *opts.split()]
         cmd += ["--log-dir", str(logs / "torchrun"), script, *argv]
         if sys.platform.startswith("linux"):
-            cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
+            cmd = _with_pdeathsig(cmd)
         with open(logs / "launcher.log", "wb") as out:
             kw = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": subprocess.STDOUT}
             self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True, **kw)
@@ -237,14 +237,9 @@ class _Torchrun:
         """Live processes of the job (workers run in sessions of their own: the launcher's process
         group misses them). Linux: those whose environment holds its JOB_VAR (a zombie's shows
         none), orphans too. Elsewhere: the launcher's descendants, as ``ps`` lists them."""
-        found: set[int] = set()
         if os.path.isdir("/proc/self"):
-            marker = f"{JOB_VAR}={self.job_id}\0".encode()
-            for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
-                with contextlib.suppress(OSError):
-                    if marker in Path(f"/proc/{pid}/environ").read_bytes():
-                        found.add(pid)
-            return found - {os.getpid()}
+            return _job_processes(self.job_id)
+        found: set[int] = set()
         children: dict[int, list[int]] = {}
         with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
             ps = ["ps", "-A", "-o", "pid=,ppid=,stat="]
@@ -268,6 +263,29 @@ class _Torchrun:
         _stop(self.pids, launcher, self.poll)  # (poll reaps the launcher once it has exited)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+
+
+def _job_processes(job_id: str, sessions: Iterable[int] = ()) -> set[int]:
+    """Linux: the processes (but this one) whose environment holds the job's JOB_VAR (a zombie's
+    shows none), orphans too, and those in the session of one of `sessions`."""
+    marker = f"{JOB_VAR}={job_id}\0".encode()
+    leaders = {str(p).encode() for p in sessions}
+    found = set()
+    for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
+        with contextlib.suppress(OSError, IndexError):
+            if leaders:
+                stat = Path(f"/proc/{pid}/stat").read_bytes()
+                if stat[stat.rfind(b")") + 2 :].split()[3] in leaders:
+                    found.add(pid)
+                    continue
+            if marker in Path(f"/proc/{pid}/environ").read_bytes():
+                found.add(pid)
+    return found - {os.getpid()}
+
+
+def _with_pdeathsig(cmd: list[str]) -> list[str]:
+    """`cmd` started through the shim that asks Linux for SIGTERM when its caller dies."""
+    return [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
 
 
 def _stop(find: Callable[[], set[int]], also: Iterable[int] = (), reap: Callable = lambda: None) -> None:
@@ -387,8 +405,6 @@ def _run_rank(job: dict, rank: int, reply_fd: int, server: int) -> None:
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from the script on
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         if isinstance(exc, KeyboardInterrupt):  # killed by SIGINT, as CPython reports it
-            import atexit
-
             atexit._run_exitfuncs()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
@@ -500,8 +516,7 @@ class _Server:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.key = _import_time(env)
         env = {k: v for k, v in env.items() if k != JOB_VAR}
-        cmd = [sys.executable, "-c", "from course_utils.launch import _serve; _serve()"]
-        cmd = [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
+        cmd = _with_pdeathsig([sys.executable, "-c", "from course_utils.launch import _serve; _serve()"])
         self.errors = tempfile.TemporaryFile()
         pipe = subprocess.PIPE
         self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, stderr=self.errors, env=env,
@@ -603,10 +618,11 @@ def warm_up() -> None:
     wait for it to import torch (a notebook calls this in its first cell). Does nothing where the
     warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun)."""
     env = _job_env({})
-    if _choose_engine(None, 0) != "warm" or _import_time(env) in _Server.unsafe:
+    key = _import_time(env)
+    if _choose_engine(None, 0) != "warm" or key in _Server.unsafe:
         return
     with _Server.lock:
-        if any(s.key == _import_time(env) for s in _Server.idle):
+        if any(s.key == key for s in _Server.idle):
             return
     _Server(env).release()
 
@@ -704,16 +720,8 @@ class _Warm:
     def pids(self) -> set[int]:
         """Live processes of the job: the ranks and every process in their sessions, and any
         process whose environment holds the job's JOB_VAR (one that left the session)."""
-        found, sessions = set(), {str(p).encode() for p in self.ranks}
-        marker = f"{JOB_VAR}={self.job_id}\0".encode()
-        for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
-            with contextlib.suppress(OSError, IndexError):
-                stat = Path(f"/proc/{pid}/stat").read_bytes()
-                if stat[stat.rfind(b")") + 2 :].split()[3] in sessions:
-                    found.add(pid)
-                elif marker in Path(f"/proc/{pid}/environ").read_bytes():
-                    found.add(pid)
-        return {p for p in found | set(self.ranks) if _alive(p)} - {os.getpid()}
+        found = _job_processes(self.job_id, self.ranks) | set(self.ranks)
+        return {p for p in found if _alive(p)}
 
     def stop(self) -> None:
         """Stop every process of the job (see ``_stop``); the server, told by its ranks' ends,
@@ -910,8 +918,8 @@ def torchrun(
     notebook) on `nproc` local processes as ``torchrun --standalone`` would, each rank with one
     thread and its own log files. `engine`: "torchrun" runs ``python -m torch.distributed.run``;
     "warm" forks the ranks from a server that imported torch once (a fraction of a second instead
-    of seconds; Linux, no restarts); None: ``COURSE_LAUNCHER`` if set, else warm where it can. `backend` None: ``COURSE_BACKEND`` if set, else nccl with a
-    GPU per rank, else gloo. `timeout`: seconds (None: no limit). `env`: more variables for the
+    of seconds; Linux, no restarts); None: ``COURSE_LAUNCHER`` if set, else warm where it can.
+    `backend` None: ``COURSE_BACKEND`` if set, else nccl with a GPU per rank, else gloo. `timeout`: seconds (None: no limit). `env`: more variables for the
     ranks. `show`: in Jupyter a live widget, then the output grouped by rank; in a terminal, lines
     streamed with a ``[rank N]`` prefix. Raises ``LaunchError`` naming a failing rank with its
     traceback, ``LaunchTimeout`` past `timeout`, and, before starting anything, ``ValueError`` /
