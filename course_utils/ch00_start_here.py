@@ -35,7 +35,8 @@ def pick(
 
 def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: int = 8, ax_size: float = 1.1):
     """Draw images in a grid, each titled with its label. Returns the matplotlib figure."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     n = len(images)
     rows = max(1, int(np.ceil(n / cols)))

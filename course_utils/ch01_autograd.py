@@ -290,6 +290,10 @@ def _draw_matplotlib(g: Graph, labels: Mapping, title: str, hot: Any, sent: Mapp
     """The same graph without Graphviz: a column of boxes per layer (a row, if that is too wide)."""
     from matplotlib.figure import Figure
 
+    from .figures import use_course_font
+
+    use_course_font()
+
     rank = _ranks(g)
     depth = max(rank) + 1
     layers = [[n.id for n in g.nodes if rank[n.id] == r] for r in range(depth)]
@@ -557,7 +561,8 @@ def sigmoid_example_text(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> str:
 
 def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
     """The sigmoid with the point ``(y, z)`` and its tangent, beside the three gradients."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     hand, auto = _sigmoid_numbers(x, w, b)
     y, z, slope = hand["y"], hand["z"], hand["dz/dy"]

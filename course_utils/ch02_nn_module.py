@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .figures import show_figure
+from .figures import pyplot, show_figure
 
 # --------------------------------------------------------------------------- summary
 
@@ -227,7 +227,7 @@ def format_stats(stats: dict[str, dict[str, Any]]) -> str:
 
 def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     """Bar charts of each layer's output std and zeros (and gradient norm, when recorded)."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     panels = [
@@ -297,7 +297,7 @@ def activation_scale_vs_depth(scheme: str, activation: str, depth: int = 20, wid
 
 def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 256):
     """One panel per activation: ``results[activation][scheme]`` (log scale) against depth."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.9), squeeze=False)
     for ax, (act, by_scheme) in zip(axes[0], results.items(), strict=True):

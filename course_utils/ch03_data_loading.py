@@ -412,7 +412,8 @@ def curve_summary(runs: Sequence[LoaderRun], cores: int, load: float | None) -> 
 
 def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = None) -> Any:
     """Images/s and the speed-up over 0 workers against num_workers: this machine beside a reference."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     mine = {r.num_workers: r.items_per_s for r in runs}
     curves = {f"this machine ({cores} cores)": (cores, mine)}
@@ -514,7 +515,8 @@ def batch_view(
 
 def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | None = None) -> Any:
     """The batch's images with their labels, and the epoch's index order with the batch highlighted."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     k = len(view.indices)
     cols = min(16, k)

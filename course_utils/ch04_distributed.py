@@ -55,7 +55,8 @@ def _rank_legend(fig: Any, world: int, label: str, *extra: tuple[str, str]) -> N
 def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool = True,
                  drop_last: bool = False, seed: int = 0) -> Any:
     """Print and draw one epoch of DistributedSampler: the epoch's order, then each rank's share."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     shares = sampler_indices(n, world_size, epoch, shuffle, seed, drop_last)
     order = [shares[p % world_size][p // world_size] for p in range(world_size * len(shares[0]))]
@@ -89,7 +90,8 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
 
 def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
     """From sampler_demo.py's records: which rank read each item (colour) and when (number)."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     n, modes = int(records[0]["small"]), ("with set_epoch", "without set_epoch")
     epochs = len(records[0][modes[0]])
@@ -109,7 +111,8 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
 
 def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
     """Before and after, on every rank, for each collective collectives.py recorded."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     results = [rec["collectives"] for rec in sorted(records, key=lambda rec: int(rec["rank"]))]
     world, names = len(results), [name for name in COLLECTIVES if name in results[0]]
@@ -144,7 +147,8 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
 def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, Sequence[int]]]) -> Any:
     """FSDP's sharding: which rows (dim 0) of each parameter (``full[name]``: its shape) rank r
     stores (``local[r][name]``: the shape of its shard)."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.55 * len(full)))
     for i, name in enumerate(full):

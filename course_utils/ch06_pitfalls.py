@@ -182,7 +182,8 @@ def graph_size(t: Any) -> tuple[int, int]:
 
 def sampler_figure(orders: dict[str, list[list[list[int]]]]):
     """One panel per way of building the loaders; ``orders[title][epoch][rank]`` lists the samples."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
 
     first = next(iter(orders.values()))
@@ -396,7 +397,8 @@ def _switchboard_cached(on: tuple[str, ...], steps: int, eval_every: int, seed: 
 
 def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     """Loss curves of the clean run and of the run with `mistakes` switched on (a matplotlib Figure)."""
-    import matplotlib.pyplot as plt
+    from .figures import pyplot
+    plt = pyplot()
 
     on = _normalise(mistakes)
     runs = [(switchboard_run(), "tab:blue", "no mistake")]

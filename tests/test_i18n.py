@@ -50,3 +50,62 @@ def test_an_unknown_language_warns_and_uses_english(monkeypatch):
     monkeypatch.setenv("COURSE_LANG", "klingon")
     with pytest.warns(UserWarning, match="not a language of the course"):
         assert i18n.language() == "en"
+
+
+def _draw_chinese(tmp_path):
+    import warnings
+
+    from course_utils.figures import pyplot
+
+    plt = pyplot()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.set(title="计算图与反向传播 loss = -1.5", xlabel="步数 (step)", ylabel="梯度")
+        ax.plot([-1, 1], [-2, 2], label="叶子张量")
+        ax.legend()
+        fig.savefig(tmp_path / "zh.png")
+        plt.close(fig)
+    return [str(w.message) for w in caught]
+
+
+def test_chinese_text_in_figures_has_its_glyphs(tmp_path, monkeypatch):
+    """No tofu: in the Chinese edition every character of a figure's text is drawn by a font that has
+    it (matplotlib warns "Glyph ... missing from font(s)" for each one it cannot draw)."""
+    import matplotlib
+
+    from course_utils import figures
+
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    monkeypatch.setattr(figures, "_state", {"family": None, "done": False})
+    with matplotlib.rc_context():
+        missing = _draw_chinese(tmp_path)
+        family = figures._state["family"]
+    assert family is not None, "no font with Chinese characters (is mplfonts installed?)"
+    assert family in figures.CJK_FAMILIES
+    assert not [m for m in missing if "missing from font" in m], missing
+
+
+def test_english_figures_keep_matplotlibs_fonts(monkeypatch):
+    import matplotlib
+
+    from course_utils import figures
+
+    monkeypatch.setenv("COURSE_LANG", "en")
+    monkeypatch.setattr(figures, "_state", {"family": None, "done": False})
+    with matplotlib.rc_context():
+        before = list(matplotlib.rcParams["font.family"])
+        figures.pyplot()
+        assert matplotlib.rcParams["font.family"] == before and figures._state["family"] is None
+
+
+def test_no_chinese_font_is_a_clear_warning(monkeypatch):
+    import matplotlib
+
+    from course_utils import figures
+
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    monkeypatch.setattr(figures, "_state", {"family": None, "done": False})
+    monkeypatch.setattr(figures, "cjk_family", lambda: None)
+    with matplotlib.rc_context(), pytest.warns(UserWarning, match="No font with Chinese characters"):
+        figures.use_course_font()
