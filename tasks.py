@@ -238,11 +238,14 @@ def cmd_setup(argv):
 
 def cmd_lab_zh(argv):
     """JupyterLab in Chinese (its language pack) on the Chinese notebooks."""
-    settings = ROOT / ".lab-zh" / "settings" / "@jupyterlab" / "translation-extension"
+    # the lab's own settings folder, with its language set (a JUPYTERLAB_SETTINGS_DIR of the caller's is used)
+    folder = Path(os.environ.get("JUPYTERLAB_SETTINGS_DIR", "").strip() or ROOT / ".lab-zh" / "settings")
+    settings = folder / "@jupyterlab" / "translation-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "plugin.jupyterlab-settings").write_text('{"locale": "zh_CN"}\n')
-    return cmd_lab(["--notebook-dir=" + str(NOTEBOOKS_ZH),
-                    "--LabApp.user_settings_dir=" + str(ROOT / ".lab-zh" / "settings")] + list(argv))
+    own_dir = any(a.startswith(("--notebook-dir", "--ServerApp.root_dir")) for a in argv)
+    return cmd_lab(([] if own_dir else ["--notebook-dir=" + str(NOTEBOOKS_ZH)])
+                   + ["--LabApp.user_settings_dir=" + str(folder)] + list(argv))
 
 
 def cmd_lab(argv):

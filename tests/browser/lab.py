@@ -148,9 +148,9 @@ class Lab:
 
 
 @contextlib.contextmanager
-def course_lab(tmp: Path, notebooks: Path | None = None) -> Iterator[Lab]:
-    """``python tasks.py lab`` on a copy of notebooks/ (the lab saves what it runs), on a free port with a
-    token of our own; stopped, with every process it started, on the way out."""
+def course_lab(tmp: Path, notebooks: Path | None = None, command: str = "lab") -> Iterator[Lab]:
+    """``python tasks.py lab`` (or `command`: ``lab-zh``) on a copy of notebooks/ (the lab saves what it
+    runs), on a free port with a token of our own; stopped, with every process it started, on the way out."""
     root = tmp / "notebooks"
     shutil.copytree(notebooks or ROOT / "notebooks", root,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs", "*.out"))
@@ -173,7 +173,7 @@ def course_lab(tmp: Path, notebooks: Path | None = None) -> Iterator[Lab]:
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"))
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tasks.py"), "lab", "--no-browser", f"--port={port}",
+            [sys.executable, str(ROOT / "tasks.py"), command, "--no-browser", f"--port={port}",
              "--ServerApp.port_retries=0", f"--notebook-dir={root}"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

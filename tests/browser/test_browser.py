@@ -405,3 +405,36 @@ def test_slides_of_chapter_01_in_rise(lab, chromium):
     finally:
         if page is not None:
             close(page, lab)
+
+
+def test_the_chinese_edition_in_a_chinese_lab(tmp_path, chromium):
+    """`make lab-zh`: JupyterLab's own menus in Chinese (its language pack), a Chinese notebook open,
+    and the course's helpers answering in Chinese in its kernel, a figure's Chinese title drawn."""
+    from playwright.sync_api import expect
+
+    notebook = "01_autograd.ipynb"
+    with course_lab(tmp_path, ROOT / "notebooks-zh", command="lab-zh") as zh:
+        page = None
+        try:
+            page = zh.open(chromium, notebook)
+            menus = page.locator("li.lm-MenuBar-item")
+            for word in ("文件", "内核", "运行"):  # File, Kernel, Run
+                expect(menus.filter(has_text=word)).to_have_count(1, timeout=60_000)
+            title = json.loads((ROOT / "notebooks-zh" / notebook).read_text())["cells"][0]["source"][0]
+            expect(page.locator(".jp-MarkdownCell h1").first).to_contain_text(title.lstrip("#").strip()[:6])
+            out = run_reference(page, (
+                "import warnings; warnings.simplefilter('error')\n"  # a missing glyph would be an error
+                "from course_utils.i18n import language; from course_utils.figures import pyplot\n"
+                "plt = pyplot(); fig, ax = plt.subplots(figsize=(3, 2)); ax.set_title('计算图'); plt.show()\n"
+                "print('LANG', language())"), "lang")
+            assert not out["error"], out
+            assert "LANG zh-CN" in out["text"], out["text"]
+            assert out["images"] and out["images"][0].startswith("data:image/png"), out["images"]
+            assert not page.outside_requests, page.outside_requests
+            print(f"lab-zh: Chinese menus, {notebook} open, the kernel's language zh-CN, a Chinese title drawn")
+        except Exception as exc:
+            pytest.fail(f"lab-zh: {type(exc).__name__}: {exc}\n"
+                        f"screenshots and console log: {evidence(page, 'lab-zh')}")
+        finally:
+            if page is not None:
+                close(page, zh)
