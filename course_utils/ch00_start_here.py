@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import data
+from .i18n import tr
 
 #: The gallery's default view: the widget's starting values and the defaults of `pick` and `show`, so
 #: `show(**GALLERY_DEFAULTS)` (the notebook's static twin) draws what the widget first shows.
@@ -55,8 +56,10 @@ def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: in
 def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D["n"], seed: int = _D["seed"]):
     """The gallery's view: pick images, draw them, return the figure."""
     images, labels, _ = pick(split, label, n, seed)
-    which = "all digits" if label is None else f"digit {label}"
-    return draw_grid(images, labels, f"{n} {split} images, {which} (seed {seed})")
+    which = tr("all digits", "全部数字") if label is None else tr(f"digit {label}", f"数字 {label}")
+    split_zh = {"train": "训练集", "test": "测试集"}.get(split, split)
+    title = tr(f"{n} {split} images, {which} (seed {seed})", f"{split_zh}中的 {n} 张图像，{which}（随机种子 {seed}）")
+    return draw_grid(images, labels, title)
 
 
 def gallery_widget():
@@ -71,8 +74,10 @@ def gallery_widget():
     d = GALLERY_DEFAULTS
     return w.interactive(
         update,
-        split=w.ToggleButtons(options=["train", "test"], value=d["split"]),
-        label=w.IntSlider(value=-1 if d["label"] is None else d["label"], min=-1, max=9, description="digit (-1: all)"),
-        n=w.IntSlider(value=d["n"], min=8, max=64, step=8, description="images"),
-        seed=w.IntSlider(value=d["seed"], min=0, max=20, description="seed"),
+        split=w.ToggleButtons(options=[(tr("train", "训练集"), "train"), (tr("test", "测试集"), "test")],
+                              value=d["split"], description=tr("split", "数据集")),
+        label=w.IntSlider(value=-1 if d["label"] is None else d["label"], min=-1, max=9,
+                          description=tr("digit (-1: all)", "数字（-1：全部）")),
+        n=w.IntSlider(value=d["n"], min=8, max=64, step=8, description=tr("images", "图像数量")),
+        seed=w.IntSlider(value=d["seed"], min=0, max=20, description=tr("seed", "随机种子")),
     )

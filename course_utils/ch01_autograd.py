@@ -11,16 +11,21 @@ from __future__ import annotations
 import html
 import io
 import math
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from .i18n import language, text_width, tr
 
 DEFAULT_MAX_NODES = 40
 _COLORS = dict(op="#e9ecef", root="#c9f0d1", leaf="#cfe2ff", saved="#ffe2b8", more="#ffffff")
@@ -71,9 +76,10 @@ class Graph:
     @property
     def note(self) -> str:
         """How many nodes there are, and how many are shown."""
-        total = f"{self.total:,} node" + ("" if self.total == 1 else "s")
+        total = tr(f"{self.total:,} node" + ("" if self.total == 1 else "s"), f"{self.total:,} 个节点")
         shown = sum(n.kind in ("op", "leaf") for n in self.nodes)
-        return f"{total}; showing the {shown:,} nearest the output" if self.truncated else total
+        more = tr(f"{total}; showing the {shown:,} nearest the output", f"{total}，只显示离输出最近的 {shown:,} 个")
+        return more if self.truncated else total
 
 
 def _count_nodes(tensor: torch.Tensor) -> int:
@@ -183,7 +189,7 @@ def _fmt_shape(t: torch.Tensor | None) -> str:
     if t is None:
         return ""
     s = tuple(t.shape)
-    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")" if s else "(scalar)"
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")" if s else tr("(scalar)", "(标量)")
 
 
 def _fmt_values(t: torch.Tensor | None) -> str | None:
@@ -201,14 +207,16 @@ def _label(n: GraphNode, show_values: bool, grads: Mapping | None = None) -> lis
     if n.kind == "op":
         parts = [f"#{n.id} {n.op}"] + ([f"-> {n.name} {shape}"] if n.name else [])
     elif n.kind == "leaf":
-        parts = [f"#{n.id} leaf {n.name or '(unnamed)'} {shape}"]
+        parts = [f"{_node_ref(n)} {shape}"]
     elif n.kind == "saved":
         who = f" = {n.name}" if n.name else ""
-        parts = [f"#{n.id} saved by #{n.saved_for}: {n.op}{who}", shape or "(freed)"]
+        saved = tr(f"#{n.id} saved by #{n.saved_for}: {n.op}{who}", f"#{n.id} 由 #{n.saved_for} 保存：{n.op}{who}")
+        parts = [saved, shape or tr("(freed)", "(已释放)")]
     elif n.kind == "more":
-        return [f"#{n.id} ... {n.hidden:,} more nodes not shown"]
+        return [tr(f"#{n.id} ... {n.hidden:,} more nodes not shown", f"#{n.id} ……另有 {n.hidden:,} 个节点未显示")]
     else:
-        parts = [f"#{n.id} {n.name or 'tensor'} {shape}: no grad_fn, autograd recorded nothing"]
+        parts = [tr(f"#{n.id} {n.name or 'tensor'} {shape}: no grad_fn, autograd recorded nothing",
+                    f"#{n.id} {n.name or '张量'} {shape}：没有 grad_fn，autograd 什么也没有记录")]
     if show_values:
         no_grad = t is None or n.kind == "saved" or (t.grad_fn is not None and not t.retains_grad)
         grad = grads.get(n.id) if grads is not None else None if no_grad else _fmt_values(t.grad)
@@ -217,9 +225,9 @@ def _label(n: GraphNode, show_values: bool, grads: Mapping | None = None) -> lis
 
 
 def _graph_text(g: Graph) -> str:
-    lines = [f"autograd graph of {g.root_name}: {g.note}"]
+    lines = [tr(f"autograd graph of {g.root_name}: {g.note}", f"{g.root_name} 的计算图：{g.note}")]
     if len(g.nodes) > 1:
-        lines[0] += " (backward starts at #0; '<-' lists a node's inputs)"
+        lines[0] += tr(" (backward starts at #0; '<-' lists a node's inputs)", "（反向传播从 #0 开始；“<-” 后面是节点的输入）")
     for n in g.nodes:
         inputs = "  <- " + ", ".join(f"#{i}" for i in n.inputs) if n.inputs else ""
         lines.append(" ".join(_label(n, g.show_values)) + inputs)
@@ -297,7 +305,7 @@ def _draw_matplotlib(g: Graph, labels: Mapping, title: str, hot: Any, sent: Mapp
     rank = _ranks(g)
     depth = max(rank) + 1
     layers = [[n.id for n in g.nodes if rank[n.id] == r] for r in range(depth)]
-    box_w = 0.07 * max(len(s) for lab in labels.values() for s in lab.splitlines()) + 0.5  # inches
+    box_w = 0.07 * max(text_width(s) for lab in labels.values() for s in lab.splitlines()) + 0.5  # inches
     box_h = 0.17 * max(lab.count("\n") for lab in labels.values()) + 0.5
     lr, half = depth * box_w <= 16, max(map(len, layers)) / 2 + 0.5  # half: room to go round
     pos = {}
@@ -357,9 +365,28 @@ class GraphDrawing:
         return self.text
 
 
+def _dot_env() -> dict[str, str] | None:
+    """In the Chinese edition, ``dot``'s environment with the course's CJK font (the ``mplfonts``
+    package's, which fontconfig does not know) added to fontconfig's fonts; else None (inherit)."""
+    from .figures import course_font_file
+
+    font = course_font_file() if language() == "zh-CN" else None
+    if font is None:
+        return None
+    base = os.environ.get("FONTCONFIG_FILE", "/etc/fonts/fonts.conf")
+    text = (f'<?xml version="1.0"?>\n<fontconfig><include ignore_missing="yes">{html.escape(base)}</include>'
+            f"<dir>{html.escape(str(font.parent))}</dir></fontconfig>\n")
+    conf = Path(tempfile.gettempdir()) / f"course_fonts_{getattr(os, 'getuid', int)()}.conf"
+    if not conf.is_file() or conf.read_text() != text:
+        part = conf.with_suffix(f".{os.getpid()}")
+        part.write_text(text)
+        part.replace(conf)  # atomic: another process never reads half a file
+    return {**os.environ, "FONTCONFIG_FILE": str(conf)}
+
+
 def _picture(g: Graph, text: str, title: str, grads=None, hot=None, sent=None) -> GraphDrawing:
     """torchviz's graph rendered by Graphviz's ``dot`` where it can, else drawn by matplotlib."""
-    title, sent = f"{title}\n({g.note})", sent or {}
+    title, sent = tr(f"{title}\n({g.note})", f"{title}\n（{g.note}）"), sent or {}
     labels = {n.id: "\n".join(_label(n, g.show_values, grads)) for n in g.nodes}
     src = None
     if not g.truncated:
@@ -371,7 +398,7 @@ def _picture(g: Graph, text: str, title: str, grads=None, hot=None, sent=None) -
         cmd = [shutil.which("dot"), "-Tpng", "-Gdpi=96"]
         try:
             png = subprocess.run(
-                cmd, input=src.encode(), capture_output=True, timeout=60, check=True
+                cmd, input=src.encode(), capture_output=True, timeout=60, check=True, env=_dot_env()
             )
             return GraphDrawing(g, png.stdout, "graphviz", text, src)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -395,7 +422,8 @@ def draw(
     (`show_values`), the tensors each op saved (`show_saved`), at most `max_nodes` nodes."""
     kw = dict(show_values=show_values, show_saved=show_saved, max_nodes=max_nodes)
     g = build_graph(tensor, params, **kw)
-    return _picture(g, _graph_text(g), title or f"autograd graph of {g.root_name}")
+    title = title or tr(f"autograd graph of {g.root_name}", f"{g.root_name} 的计算图")
+    return _picture(g, _graph_text(g), title)
 
 
 # ---------------------------------------------------------------- the backward pass, step by step
@@ -467,28 +495,32 @@ def backward_steps(
     return steps
 
 
-def _node_ref(g: Graph, nid: int) -> str:
-    n = g.nodes[nid]
+def _node_ref(n: GraphNode) -> str:
     if n.kind == "leaf":
-        return f"#{nid} leaf {n.name or '(unnamed)'}"
-    return f"#{nid} {n.op}" + (f" ({n.name})" if n.name else "")
+        return tr(f"#{n.id} leaf {n.name or '(unnamed)'}", f"#{n.id} 叶子张量 {n.name or '(未命名)'}")
+    return f"#{n.id} {n.op}" + (f" ({n.name})" if n.name else "")
 
 
 def _grad_str(t: torch.Tensor | None) -> str:
-    return "None" if t is None else _fmt_values(t) or f"a {_fmt_shape(t)} tensor"
+    shape = _fmt_shape(t)
+    return "None" if t is None else _fmt_values(t) or tr(f"a {shape} tensor", f"形状为 {shape} 的张量")
 
 
 def format_step(step: Step, graph: Graph, n_steps: int | None = None) -> str:
     """A few lines saying what one step of the backward pass does."""
-    of = f" of {n_steps}" if n_steps else ""
-    head = f"step {step.index + 1}{of}: {_node_ref(graph, step.node)}"
+    i, ref = step.index + 1, _node_ref(graph.nodes[step.node])
+    of = tr(f" of {n_steps}", f"（共 {n_steps} 步）") if n_steps else ""
+    head = tr(f"step {i}{of}: {ref}", f"第 {i} 步{of}：{ref}")
     name, out, got = graph.nodes[step.node].name, graph.root_name, _grad_str(step.grad_output)
     if step.is_leaf:
-        why = f"(AccumulateGrad stores d{out}/d{name or 'leaf'})"
-        return f"{head}\n  {name or 'the leaf'}.grad += {got}   {why}"
-    lines = [head, f"  gradient in: d{out}/d{name or f'(result of #{step.node})'} = {got}"]
-    lines += [f"  sends {_grad_str(gi)} to {_node_ref(graph, t)}" for t, gi in step.grad_inputs]
-    return "\n".join(lines if step.grad_inputs else [*lines, "  sends nothing further"])
+        why = tr(f"(AccumulateGrad stores d{out}/d{name or 'leaf'})", f"（AccumulateGrad 存下 d{out}/d{name or 'leaf'}）")
+        return f"{head}\n  {name or tr('the leaf', '叶子张量')}.grad += {got}   {why}"
+    wrt = name or tr(f"(result of #{step.node})", f"(#{step.node} 的结果)")
+    lines = [head, tr(f"  gradient in: d{out}/d{wrt} = {got}", f"  收到的梯度：d{out}/d{wrt} = {got}")]
+    for t, gi in step.grad_inputs:
+        to, sent = _node_ref(graph.nodes[t]), _grad_str(gi)
+        lines.append(tr(f"  sends {sent} to {to}", f"  向 {to} 送出 {sent}"))
+    return "\n".join(lines if step.grad_inputs else [*lines, tr("  sends nothing further", "  不再向下传递")])
 
 
 def _step_picture(g: Graph, steps: Sequence[Step], index: int) -> GraphDrawing:
@@ -496,7 +528,8 @@ def _step_picture(g: Graph, steps: Sequence[Step], index: int) -> GraphDrawing:
     and the gradient each node has received so far."""
     if not 0 <= index < len(steps):
         raise IndexError(f"step must be between 0 and {len(steps) - 1}, not {index}.")
-    step, title = steps[index], f"backward pass of {g.root_name}, step {index + 1} of {len(steps)}"
+    i, n, step = index + 1, len(steps), steps[index]
+    title = tr(f"backward pass of {g.root_name}, step {i} of {n}", f"{g.root_name} 的反向传播：第 {i} 步（共 {n} 步）")
     grads = {s.node: _fmt_values(s.grad_output) for s in steps[: index + 1]}
     sent = {(t, step.node): _grad_str(gi) for t, gi in step.grad_inputs}
     return _picture(g, format_step(step, g, len(steps)), title, grads, step.node, sent)
@@ -517,8 +550,8 @@ def stepper_widget(tensor: torch.Tensor, params: Mapping[str, torch.Tensor] | No
     g = build_graph(tensor, params, show_values=True, max_nodes=60)
     steps = backward_steps(tensor, params, graph=g)
     views: dict[int, GraphDrawing] = {}
-    slider = widgets.IntSlider(1, 1, len(steps), description="step", continuous_update=False)
-    play = widgets.Play(1, min=1, max=len(steps), interval=1500, description="play")
+    slider = widgets.IntSlider(1, 1, len(steps), description=tr("step", "步骤"), continuous_update=False)
+    play = widgets.Play(1, min=1, max=len(steps), interval=1500, description=tr("play", "播放"))
     widgets.jslink((play, "value"), (slider, "value"))
     image, text = widgets.Image(format="png"), widgets.HTML()
 
@@ -553,7 +586,8 @@ def _sigmoid_numbers(x: float, w: float, b: float) -> tuple[dict[str, float], di
 def sigmoid_example_text(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> str:
     """A small table: each quantity by hand (float64) and by autograd (float32)."""
     hand, auto = _sigmoid_numbers(x, w, b)
-    rows = [f"x = {x:g}, w = {w:g}, b = {b:g}", f"{'':6s} {'by hand':>11s} {'autograd':>11s}"]
+    head = tr(f"{'':6s} {'by hand':>11s} {'autograd':>11s}", f"{'':6s} {'手算':>9s} {'autograd':>11s}")  # 手算: 4 columns
+    rows = [f"x = {x:g}, w = {w:g}, b = {b:g}", head]
     for k in ("y", "z", "dz/dx", "dz/dw", "dz/db"):
         rows.append(f"{k:6s} {hand[k]:11.4e} {auto[k]:11.4e}")
     return "\n".join(rows)
@@ -570,11 +604,13 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     lo, hi = min(-8.0, y - 2.0), max(8.0, y + 2.0)
     t = torch.linspace(lo, hi, 400, dtype=torch.float64)
     ax.plot(t.numpy(), torch.sigmoid(t).numpy(), color="#1f77b4", label="z = sigmoid(y)")
-    tangent = f"tangent at y = {y:.2f}, slope sigmoid'(y) = {slope:.3e}"
+    tangent = tr(f"tangent at y = {y:.2f}, slope sigmoid'(y) = {slope:.3e}",
+                 f"y = {y:.2f} 处的切线，斜率 sigmoid'(y) = {slope:.3e}")
     ax.plot([y - 3, y + 3], [z - 3 * slope, z + 3 * slope], "--", color="#d62728", label=tangent)
     ax.plot([y], [z], "o", color="#d62728", zorder=3)
     ax.set(xlim=(lo, hi), ylim=(-0.1, 1.1), xlabel="y = w * x + b", ylabel="z = sigmoid(y)")
-    ax.set_title(f"z = sigmoid(w*x + b) at x={x:g}, w={w:g}, b={b:g}")
+    ax.set_title(tr(f"z = sigmoid(w*x + b) at x={x:g}, w={w:g}, b={b:g}",
+                    f"x={x:g}, w={w:g}, b={b:g} 时的 z = sigmoid(w*x + b)"))
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     keys = ["dz/db", "dz/dw", "dz/dx"]  # bottom to top
@@ -584,7 +620,7 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     span = max(abs(v) for v in vals) or 1.0
     bx.set_xlim(-1.1 * span if min(vals) < 0 else 0, 1.1 * span if max(vals) > 0 else 0.1 * span)
     bx.axvline(0, color="0.3", lw=0.8)
-    bx.set(xlabel="gradient (autograd)", title="dz/dx = w*s'(y), dz/dw = x*s'(y), dz/db = s'(y)")
+    bx.set(xlabel=tr("gradient (autograd)", "梯度（autograd）"), title="dz/dx = w*s'(y), dz/dw = x*s'(y), dz/db = s'(y)")
     bx.ticklabel_format(axis="x", style="sci", scilimits=(-2, 2))
     fig.tight_layout()
     return fig

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .figures import pyplot, show_figure
+from .i18n import pad, text_width, tr
 
 # --------------------------------------------------------------------------- summary
 
@@ -44,17 +45,18 @@ def summary(model: nn.Module, example_input: Tensor) -> str:
             h.remove()
         model.train(was_training)
 
-    table = [("Layer (type)", "Output shape", "Param #"), *rows.values()]
-    w0, w1, w2 = (max(len(row[i]) for row in table) for i in range(3))
+    head = (tr("Layer (type)", "层（类型）"), tr("Output shape", "输出形状"), tr("Param #", "参数量"))
+    table = [head, *rows.values()]
+    w0, w1, w2 = (max(text_width(row[i]) for row in table) for i in range(3))
     w2 = max(w2, 11)
-    lines = [f"{a:<{w0}}  {b:<{w1}}  {c:>{w2}}" for a, b, c in table]
+    lines = [f"{pad(a, w0)}  {pad(b, w1)}  {pad(c, w2, right=True)}" for a, b, c in table]
     rule = "-" * (w0 + w1 + w2 + 4)
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     totals = [
-        f"Total params: {total:,}",
-        f"Trainable params: {trainable:,}",
-        f"Non-trainable params: {total - trainable:,}",
+        tr(f"Total params: {total:,}", f"参数总数：{total:,}"),
+        tr(f"Trainable params: {trainable:,}", f"可训练参数：{trainable:,}"),
+        tr(f"Non-trainable params: {total - trainable:,}", f"不可训练参数：{total - trainable:,}"),
     ]
     return "\n".join([rule, lines[0], "=" * len(rule), *lines[1:], "=" * len(rule), *totals, rule])
 
@@ -216,11 +218,13 @@ def hook_count(model: nn.Module) -> int:
 def format_stats(stats: dict[str, dict[str, Any]]) -> str:
     """Per-layer statistics as a table (with the gradient norms when every layer has one)."""
     labels = [f"{name} ({s['kind']})" for name, s in stats.items()]
-    w = max([len("layer"), *map(len, labels)])
-    grad = all("grad" in s for s in stats.values())
-    lines = [f"{'layer':<{w}}  {'mean':>8}  {'std':>8}  {'zeros':>6}" + (f"  {'grad norm':>10}" if grad else "")]
+    layer, grad = tr("layer", "层"), all("grad" in s for s in stats.values())
+    w = max(map(text_width, [layer, *labels]))
+    heads = [(tr("mean", "均值"), 8), (tr("std", "标准差"), 8), (tr("zeros", "零值"), 6)]
+    heads += [(tr("grad norm", "梯度范数"), 10)] if grad else []
+    lines = [pad(layer, w) + "".join(f"  {pad(h, n, right=True)}" for h, n in heads)]
     for label, s in zip(labels, stats.values(), strict=True):
-        line = f"{label:<{w}}  {s['mean']:8.4f}  {s['std']:8.4f}  {s['zeros']:6.1%}"
+        line = f"{pad(label, w)}  {s['mean']:8.4f}  {s['std']:8.4f}  {s['zeros']:6.1%}"
         lines.append(line + (f"  {s['grad']:10.3e}" if grad else ""))
     return "\n".join(lines)
 
@@ -231,21 +235,23 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     from matplotlib.patches import Patch
 
     panels = [
-        ("std", 1, "std of the layer's output", "spread"),
-        ("zeros", 100, "outputs exactly 0 (%)", "zeros (ReLU, dropout)"),
+        ("std", 1, tr("std of the layer's output", "该层输出的标准差"), tr("spread", "离散程度")),
+        ("zeros", 100, tr("outputs exactly 0 (%)", "恰好为 0 的输出（%）"), tr("zeros (ReLU, dropout)", "零值（ReLU、dropout）")),
     ]
     if all("grad" in s for s in stats.values()):
-        panels.append(("grad", 1, "norm of d loss / d output", "gradient (recorded during backward)"))
+        panels.append(("grad", 1, tr("norm of d loss / d output", "d loss / d output 的范数"),
+                       tr("gradient (recorded during backward)", "梯度（在反向传播中记录）")))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     blue, green, many = "#3465a4", "#73a946", len(stats) > 8
     colors = [blue if s["kind"] in ("Linear", "Conv2d") else green for s in stats.values()]
     labels = [f"{name}\n{s['kind']}" for name, s in stats.items()]
     for ax, (key, scale, ylabel, panel) in zip(axes, panels, strict=True):
         ax.bar(range(len(stats)), [scale * s[key] for s in stats.values()], color=colors)
-        ax.set(ylabel=ylabel, title=panel, xlabel="layer (in forward order)")
+        ax.set(ylabel=ylabel, title=panel, xlabel=tr("layer (in forward order)", "层（按前向传播的顺序）"))
         ax.set_xticks(range(len(stats)), labels, fontsize=7 if many else 8, rotation=90 if many else 0)
     axes[1].set_ylim(0, 100)
-    patches = [Patch(color=blue, label="Linear or Conv2d"), Patch(color=green, label="activation, norm, dropout")]
+    patches = [Patch(color=blue, label=tr("Linear or Conv2d", "Linear 或 Conv2d")),
+               Patch(color=green, label=tr("activation, norm, dropout", "激活函数、归一化、dropout"))]
     axes[0].legend(handles=patches, fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
@@ -303,14 +309,16 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
     for ax, (act, by_scheme) in zip(axes[0], results.items(), strict=True):
         for scheme, stds in by_scheme.items():
             depths = range(1, len(stds) + 1)
-            ax.plot(depths, [max(v, 1e-30) for v in stds], marker="o", ms=3, label=scheme)
+            label = tr("PyTorch default", "PyTorch 默认初始化") if scheme == "PyTorch default" else scheme
+            ax.plot(depths, [max(v, 1e-30) for v in stds], marker="o", ms=3, label=label)
         ax.set_yscale("log")
         ax.set_xticks(range(0, len(depths) + 1, 5))
         title = f"{len(depths)} x [Linear({width}, {width}) + {act}]"
-        ax.set(xlabel="layer (depth)", ylabel="std across inputs (log scale)", title=title)
+        ax.set(xlabel=tr("layer (depth)", "层（深度）"), ylabel=tr("std across inputs (log scale)", "各输入间的标准差（对数坐标）"),
+               title=title)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("How initialisation sets the scale of the signal through depth")
+    fig.suptitle(tr("How initialisation sets the scale of the signal through depth", "初始化如何决定信号随深度变化的尺度"))
     fig.tight_layout()
     return fig
 
@@ -376,13 +384,17 @@ def show_model_builder(
     """Print the builder's view (summary, count against the formula, statistics) and draw it."""
     model, stats = model_builder(depth, width, activation, dropout, norm, x=x)
     n, formula = sum(p.numel() for p in model.parameters()), mlp_param_formula(depth, width, norm)
+    count = tr(f"parameters: {n:,} ({'matches' if n == formula else 'DOES NOT match'} the formula: {formula:,})",
+               f"参数量：{n:,}（{'与公式一致' if n == formula else '与公式不一致'}：{formula:,}）")
     print(
         f"depth={depth} width={width} activation={activation} dropout={dropout:.2f} norm={norm}\n"
-        f"{summary(model, torch.zeros(1, 784))}\n"
-        f"parameters: {n:,} ({'matches' if n == formula else 'DOES NOT match'} the formula: {formula:,})\n\n"
-        f"activation statistics (one training-mode forward pass at initialisation):\n{format_stats(stats)}"
+        f"{summary(model, torch.zeros(1, 784))}\n{count}\n\n"
+        + tr("activation statistics (one training-mode forward pass at initialisation):",
+             "激活统计量（初始化时，在训练模式下做一次前向传播）：")
+        + f"\n{format_stats(stats)}"
     )
-    title = f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}"
+    title = tr(f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}",
+               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，归一化：{'无' if norm == 'none' else norm}")
     show_figure(plot_activation_stats(stats, title))
 
 
@@ -391,11 +403,12 @@ def model_builder_widget(x: Tensor | None = None):
     import ipywidgets as w
 
     controls = {
-        "depth": w.IntSlider(min=0, max=12),
-        "width": w.Dropdown(options=[16, 32, 64, 128, 256, 512]),
-        "activation": w.Dropdown(options=list(ACTIVATIONS)),
-        "dropout": w.FloatSlider(min=0.0, max=0.8, step=0.05),
-        "norm": w.Dropdown(options=list(NORMS)),
+        "depth": w.IntSlider(min=0, max=12, description=tr("depth", "深度")),
+        "width": w.Dropdown(options=[16, 32, 64, 128, 256, 512], description=tr("width", "宽度")),
+        "activation": w.Dropdown(options=list(ACTIVATIONS), description=tr("activation", "激活函数")),
+        "dropout": w.FloatSlider(min=0.0, max=0.8, step=0.05, description="dropout"),
+        "norm": w.Dropdown(options=[(tr("none", "无") if k == "none" else k, k) for k in NORMS],
+                           description=tr("norm", "归一化")),
     }
     out = w.Output()
 
@@ -405,7 +418,7 @@ def model_builder_widget(x: Tensor | None = None):
             show_model_builder(**{name: c.value for name, c in controls.items()}, x=x)
 
     for name, c in controls.items():
-        c.value, c.description = BUILDER_DEFAULTS[name], name
+        c.value = BUILDER_DEFAULTS[name]
         c.observe(redraw, names="value")
     redraw()
     c = list(controls.values())

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from .data import image_paths, load_image
 from .device import busy_warning, one_main_thread
+from .i18n import tr
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -392,21 +393,31 @@ def curve_summary(runs: Sequence[LoaderRun], cores: int, load: float | None) -> 
     best = max(runs, key=lambda r: r.items_per_s)
     enough = min(r.num_workers for r in runs if r.items_per_s >= 0.95 * best.items_per_s)
     zero = [r for r in runs if r.num_workers == 0]
-    gain = f", {best.items_per_s / zero[0].items_per_s:.2f}x the main process alone" if zero else ""
+    times = best.items_per_s / zero[0].items_per_s if zero else 0.0
+    gain = tr(f", {times:.2f}x the main process alone", f"，是只用主进程时的 {times:.2f} 倍") if zero else ""
     where = "below" if best.num_workers < cores else "at" if best.num_workers == cores else "above"
-    slow = max(runs, key=lambda r: r.first_batch_s)
+    than = {"below": "少于", "at": "等于", "above": "多于"}[where]
+    slow, spread = max(runs, key=lambda r: r.first_batch_s), max(r.spread for r in runs)
     lines = [
-        f"Fastest here: num_workers={best.num_workers} at {best.items_per_s:.1f} images/s{gain}; "
-        f"that is {where} this machine's {cores} cores.",
-        f"The smallest num_workers within 5% of the fastest: {enough}.",
-        f"The repeats of one setting differed by up to {max(r.spread for r in runs):.0%} of their median: "
-        "differences smaller than that are noise.",
-        f"Start-up: the first batch took up to {slow.first_batch_s:.3f} s (num_workers={slow.num_workers}), "
-        "paid once per loader with persistent workers.",
+        tr(f"Fastest here: num_workers={best.num_workers} at {best.items_per_s:.1f} images/s{gain}; "
+           f"that is {where} this machine's {cores} cores.",
+           f"这里最快的是 num_workers={best.num_workers}，每秒 {best.items_per_s:.1f} 张图像{gain}；"
+           f"这个 worker 数{than}本机的 {cores} 个核心。"),
+        tr(f"The smallest num_workers within 5% of the fastest: {enough}.",
+           f"与最快速度相差不到 5% 的最小 num_workers：{enough}。"),
+        tr(f"The repeats of one setting differed by up to {spread:.0%} of their median: "
+           "differences smaller than that are noise.",
+           f"同一设置的各次重复之间最多相差其中位数的 {spread:.0%}：比这更小的差异都是噪声。"),
+        tr(f"Start-up: the first batch took up to {slow.first_batch_s:.3f} s (num_workers={slow.num_workers}), "
+           "paid once per loader with persistent workers.",
+           f"启动开销：第一个批次最多用了 {slow.first_batch_s:.3f} 秒（num_workers={slow.num_workers}），"
+           "在 persistent_workers=True 时，每个加载器只付出一次。"),
     ]
     if where == "above":
-        lines.append("More workers than cores won here: check the load average; on a busy machine "
-                     "extra processes take CPU from the neighbours.")
+        lines.append(tr("More workers than cores won here: check the load average; on a busy machine "
+                        "extra processes take CPU from the neighbours.",
+                        "这里 worker 数多于核心数时反而最快：请查看负载均值；在繁忙的机器上，"
+                        "多出来的进程是在抢邻居的 CPU。"))
     return "\n".join(lines + [w for w in [busy_warning(load, cores)] if w])
 
 
@@ -416,10 +427,11 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
     plt = pyplot()
 
     mine = {r.num_workers: r.items_per_s for r in runs}
-    curves = {f"this machine ({cores} cores)": (cores, mine)}
+    curves = {tr(f"this machine ({cores} cores)", f"本机（{cores} 个核心）"): (cores, mine)}
     if reference is not None:
         m, points = reference["machine"], reference["points"]
-        label = f"reference ({m['cores']} cores, load {m['load_average_before']})"
+        label = tr(f"reference ({m['cores']} cores, load {m['load_average_before']})",
+                   f"参考（{m['cores']} 个核心，负载 {m['load_average_before']}）")
         curves[label] = (m["cores"], {p["num_workers"]: p["images_per_s"] for p in points})
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for k, (label, (c, xy)) in enumerate(curves.items()):
@@ -427,9 +439,10 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
             ax.plot(list(xy), [y / scale for y in xy.values()], "o-", color=f"C{k}", label=label)
             ax.axvline(c, color=f"C{k}", ls="--", alpha=0.6)
     axes[1].axhline(1.0, color="0.5", lw=0.8)
-    axes[0].set(ylabel="images per second (median epoch)")
-    axes[0].set_title("Throughput (dashed: each machine's cores)")
-    axes[1].set(ylabel="speed-up over num_workers=0", title="Relative to loading in the main process")
+    axes[0].set(ylabel=tr("images per second (median epoch)", "每秒图像数（各 epoch 的中位数）"))
+    axes[0].set_title(tr("Throughput (dashed: each machine's cores)", "吞吐量（虚线：各机器的核心数）"))
+    axes[1].set(ylabel=tr("speed-up over num_workers=0", "相对 num_workers=0 的加速比"),
+                title=tr("Relative to loading in the main process", "相对于在主进程中加载"))
     for ax in axes:
         ax.set(xlabel="num_workers", ylim=(0, None))
         ax.grid(alpha=0.3)
@@ -462,6 +475,13 @@ def training_seconds(
 
 SAMPLERS = ("default", "sequential", "random", "weighted")
 BATCH_BROWSER_DEFAULTS = dict(batch_size=16, shuffle=True, seed=0, sampler="default", epoch=0, batch=0)
+
+
+def _sampler_options() -> list[tuple[str, str]]:
+    """The batch browser's sampler choices: (label in the course's language, value of SAMPLERS)."""
+    labels = {"default": tr("default", "default（由 shuffle 决定）"), "sequential": tr("sequential", "顺序"),
+              "random": tr("random", "随机"), "weighted": tr("weighted", "加权（类别均衡）")}
+    return [(labels[s], s) for s in SAMPLERS]
 
 
 def class_balanced_weights(labels: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -539,12 +559,15 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     ax = fig.add_axes((left / width, bottom / height, (width - left - right) / width, plot_h / height))
     order = [i for bt in view.batches for i in bt]
     start = sum(len(b) for b in view.batches[: view.batch])
-    ax.scatter(range(len(order)), order, s=2, color="0.6", label="epoch order")
-    ax.scatter(range(start, start + k), view.indices, s=10, c="tab:red", label=f"batch {view.batch}")
-    ax.set(xlabel="position in the epoch", ylabel="dataset index")
+    ax.scatter(range(len(order)), order, s=2, color="0.6", label=tr("epoch order", "该 epoch 的顺序"))
+    ax.scatter(range(start, start + k), view.indices, s=10, c="tab:red",
+               label=tr(f"batch {view.batch}", f"批次 {view.batch}"))
+    ax.set(xlabel=tr("position in the epoch", "在该 epoch 中的位置"), ylabel=tr("dataset index", "数据集索引"))
     ax.legend(loc="upper left", fontsize=7)
-    where = f"batch {view.batch} of {len(view.batches)} ({k} images)"
-    fig.suptitle(f"{view.sampler}, epoch {view.epoch}: {where}", fontsize=10, y=1 - 0.12 / height, va="top")
+    b, n = view.batch, len(view.batches)
+    title = tr(f"{view.sampler}, epoch {view.epoch}: batch {b} of {n} ({k} images)",
+               f"{view.sampler}，epoch {view.epoch}：第 {b} 个批次，共 {n} 个（{k} 张图像）")
+    fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     return fig
 
 
@@ -556,12 +579,12 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:
 
     d, n = BATCH_BROWSER_DEFAULTS, len(labels)
     controls = dict(
-        batch_size=w.IntSlider(d["batch_size"], 4, 64, 4, description="batch size"),
+        batch_size=w.IntSlider(d["batch_size"], 4, 64, 4, description=tr("batch size", "批次大小")),
         shuffle=w.Checkbox(d["shuffle"], description="shuffle"),
-        seed=w.IntSlider(d["seed"], 0, 9, description="seed"),
-        sampler=w.Dropdown(options=SAMPLERS, value=d["sampler"], description="sampler"),
+        seed=w.IntSlider(d["seed"], 0, 9, description=tr("seed", "种子")),
+        sampler=w.Dropdown(options=_sampler_options(), value=d["sampler"], description=tr("sampler", "采样器")),
         epoch=w.IntSlider(d["epoch"], 0, 4, description="epoch"),
-        batch=w.IntSlider(d["batch"], 0, -(-n // d["batch_size"]) - 1, description="batch"),
+        batch=w.IntSlider(d["batch"], 0, -(-n // d["batch_size"]) - 1, description=tr("batch", "批次")),
     )
 
     def show(**kw: Any) -> None:
@@ -569,9 +592,9 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:
         try:
             view = batch_view(labels, **kw)
         except ValueError as exc:
-            print(f"DataLoader would refuse this: {exc}")
+            print(tr(f"DataLoader would refuse this: {exc}", f"DataLoader 会拒绝这种组合：{exc}"))
             return
-        print("indices:", view.indices)
+        print(tr(f"indices: {view.indices}", f"索引：{view.indices}"))
         show_figure(draw_batch_view(view, images))
 
     ctl = list(controls.values())

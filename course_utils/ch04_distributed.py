@@ -12,18 +12,25 @@ from pathlib import Path
 from typing import Any
 
 from .data import sampler_indices
+from .i18n import tr
 
 GREY = "#c8c8c8"
 #: The explorer's default view (also what the notebook's static twin shows).
 EXPLORER_DEFAULTS = dict(n=10, world_size=3, epoch=0, shuffle=True, drop_last=False, seed=0)
-#: What each collective does, in the collectives picture's titles.
-COLLECTIVES = {
-    "all_reduce": "every rank gets the sum",
-    "reduce": "only rank 0 (dst) gets the sum",
-    "broadcast": "every rank gets rank 0's (src) tensor",
-    "all_gather": "every rank gets every rank's tensor, in rank order",
-    "reduce_scatter": "rank k gets the sum of everybody's chunk k",
-}
+#: The collectives of the collectives picture, in its order (what each does: :func:`collective_effect`).
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+def collective_effect(name: str) -> str:
+    """What collective `name` does, in the course's language (the collectives picture's titles)."""
+    return {
+        "all_reduce": tr("every rank gets the sum", "每个 rank 都得到总和"),
+        "reduce": tr("only rank 0 (dst) gets the sum", "只有 rank 0（dst）得到总和"),
+        "broadcast": tr("every rank gets rank 0's (src) tensor", "每个 rank 都得到 rank 0（src）的张量"),
+        "all_gather": tr("every rank gets every rank's tensor, in rank order",
+                         "每个 rank 都得到所有 rank 的张量，按 rank 顺序排列"),
+        "reduce_scatter": tr("rank k gets the sum of everybody's chunk k", "rank k 得到所有 rank 第 k 块之和"),
+    }[name]
 
 
 def _boxes(ax: Any, rows: Sequence[Sequence[tuple]], labels: Sequence[str]) -> None:
@@ -65,11 +72,14 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
           f"drop_last={drop_last}), set_epoch({epoch})")
     for r, share in enumerate(shares):
         print(f"  rank {r}: {share}")
-    note = f"each rank reads {len(shares[0])} indices per epoch"
+    k = len(shares[0])
+    note = tr(f"each rank reads {k} indices per epoch", f"每个 rank 每个 epoch 读取 {k} 个索引")
     if len(order) > n:
-        note += f"; {len(order) - n} padded (repeated from the start of the order)"
+        note += tr(f"; {len(order) - n} padded (repeated from the start of the order)",
+                   f"；其中 {len(order) - n} 个是填充（从顺序开头重复取的）")
     if dropped:
-        note += f"; {len(dropped)} dropped this epoch: {dropped}"
+        d = len(dropped)
+        note += tr(f"; {d} dropped this epoch: {dropped}", f"；本 epoch 丢弃了 {d} 个：{dropped}")
     print("  " + note)
 
     top = [(p, str(i), f"C{p % world_size % 10}", p >= n) for p, i in enumerate(order)]
@@ -78,12 +88,16 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
                     for r, s in enumerate(shares)]
     width = min(12.0, 2.6 + 0.5 * max(len(order), n))
     fig, ax = plt.subplots(figsize=(width, 1.4 + 0.45 * (world_size + 1.5)))
-    order_label = f"order (seed {seed}+{epoch})" if shuffle else "order (no shuffle)"
+    order_label = (tr(f"order (seed {seed}+{epoch})", f"顺序（种子 {seed}+{epoch}）") if shuffle
+                   else tr("order (no shuffle)", "顺序（不打乱）"))
     _boxes(ax, rows, [order_label] + [f"rank {r}" for r in range(world_size)])
     ax.set_xticks([])
-    ax.set_xlabel("position in the epoch (hatched: padding, a repeated index; grey: dropped)")
-    ax.set_title(f"DistributedSampler: {n} items, {world_size} ranks, epoch {epoch}, "
-                 f"shuffle={shuffle}, drop_last={drop_last}", fontsize=10)
+    ax.set_xlabel(tr("position in the epoch (hatched: padding, a repeated index; grey: dropped)",
+                     "在该 epoch 中的位置（斜线：填充，即重复的索引；灰色：丢弃）"))
+    ax.set_title(tr(f"DistributedSampler: {n} items, {world_size} ranks, epoch {epoch}, "
+                    f"shuffle={shuffle}, drop_last={drop_last}",
+                    f"DistributedSampler：{n} 个样本，{world_size} 个 rank，epoch {epoch}，"
+                    f"shuffle={shuffle}，drop_last={drop_last}"), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -101,10 +115,12 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
                  for rec in records for pos, i in enumerate(rec[mode][e])] for e in range(epochs)]
         _boxes(ax, rows, [f"epoch {e}" for e in range(epochs)])
         ax.set_xticks([i + 0.45 for i in range(n)], [str(i) for i in range(n)])
-        ax.set_xlabel("item of the data set")
-        ax.set_title(f"DistributedSampler {mode}")
-    _rank_legend(fig, len(records), "read by rank {}")
-    fig.suptitle("Who reads which item (number: position in that rank's epoch)")
+        ax.set_xlabel(tr("item of the data set", "数据集中的样本"))
+        ax.set_title(tr(f"DistributedSampler {mode}",
+                        f"DistributedSampler（{'调用' if mode == modes[0] else '不调用'} set_epoch）"))
+    _rank_legend(fig, len(records), tr("read by rank {}", "由 rank {} 读取"))
+    fig.suptitle(tr("Who reads which item (number: position in that rank's epoch)",
+                    "谁读取了哪个样本（数字：在该 rank 的 epoch 中的位置）"))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
@@ -136,10 +152,13 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
                         arrowprops={"arrowstyle": "->", "color": "0.4"})
         _boxes(ax, rows, [f"rank {r}" for r in range(world)])
         ax.set_xlim(-0.1, after_x + after_w + 0.1)
-        ax.set_xticks([before_w / 2, after_x + len(after) / 2], ["before", "after"])
-        ax.set_title(f"{name}: {COLLECTIVES[name]}", fontsize=10, loc="left")
-    _rank_legend(fig, world, "rank {}'s data", (GREY, "a sum over all ranks"))
-    fig.suptitle(f"Collectives on {world} real processes: what each rank holds before and after")
+        ax.set_xticks([before_w / 2, after_x + len(after) / 2], [tr("before", "调用前"), tr("after", "调用后")])
+        effect = collective_effect(name)
+        ax.set_title(tr(f"{name}: {effect}", f"{name}：{effect}"), fontsize=10, loc="left")
+    summed = (GREY, tr("a sum over all ranks", "所有 rank 之和"))
+    _rank_legend(fig, world, tr("rank {}'s data", "rank {} 的数据"), summed)
+    fig.suptitle(tr(f"Collectives on {world} real processes: what each rank holds before and after",
+                    f"在 {world} 个真实进程上运行集合通信：每个 rank 调用前后持有的数据"))
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
@@ -156,14 +175,15 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
         for r, shapes in enumerate(local):
             k = min(int(shapes[name][0]), rows - start)
             ax.barh(i, k / rows, left=start / rows, color=f"C{r % 10}", edgecolor="black")
-            text = f"rank {r}: rows {start}-{start + k - 1}"
+            text = tr(f"rank {r}: rows {start}-{start + k - 1}", f"rank {r}：第 {start}-{start + k - 1} 行")
             ax.text((start + k / 2) / rows, i, text, ha="center", va="center", color="white", size=8)
             start += k
     ax.set_yticks(range(len(full)), [f"{name} {list(shape)}" for name, shape in full.items()])
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
-    ax.set_xlabel("fraction of the parameter's rows (dim 0)")
-    ax.set_title("fully_shard: every rank stores a slice of every parameter")
+    ax.set_xlabel(tr("fraction of the parameter's rows (dim 0)", "占参数各行（第 0 维）的比例"))
+    ax.set_title(tr("fully_shard: every rank stores a slice of every parameter",
+                    "fully_shard：每个 rank 只存储每个参数的一个分片"))
     fig.tight_layout()
     return fig
 
@@ -175,7 +195,7 @@ def sampler_explorer() -> Any:
     from .figures import show_figure
 
     d = EXPLORER_DEFAULTS
-    ranges = {"n": ("items", 1, 20), "world_size": ("world size", 1, 8), "epoch": ("epoch", 0, 9)}
+    ranges = {"n": (tr("items", "样本数"), 1, 20), "world_size": ("world size", 1, 8), "epoch": ("epoch", 0, 9)}
     sliders = {key: w.IntSlider(value=d[key], min=low, max=high, description=text,
                                 continuous_update=False) for key, (text, low, high) in ranges.items()}
     boxes = {key: w.Checkbox(value=d[key], description=key) for key in ("shuffle", "drop_last")}

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from .data import digits_tensors
+from .i18n import tr
 from .models import MODELS
 
 # --------------------------------------------------------------------------------- configuration
@@ -122,18 +123,23 @@ def load_splits(val_fraction: float = 0.1, seed: int = 0) -> Splits:
 
 def padding_report(n: int = 359, world_size: int = 2) -> str:
     """How ``DistributedSampler`` and ``ShardSampler`` split ``n`` samples over ranks."""
-    lines = [f"{n} samples over {world_size} ranks"]
+    lines = [tr(f"{n} samples over {world_size} ranks", f"{n} 个样本分给 {world_size} 个 rank")]
     seen: list[int] = []
     for r in range(world_size):
         idx = list(DistributedSampler(range(n), num_replicas=world_size, rank=r, shuffle=False))
         seen += idx
-        shard = len(ShardSampler(n, r, world_size))
-        lines.append(f"  rank {r}: DistributedSampler {len(idx):>4} samples | ShardSampler {shard:>4} samples")
-    lines.append(
-        f"DistributedSampler: {len(seen)} evaluated, {len(seen) - len(set(seen))} counted twice "
-        f"({math.ceil(n / world_size)} x {world_size} - {n})"
-    )
-    lines.append(f"ShardSampler:       {n} evaluated, 0 counted twice")
+        k, shard = len(idx), len(ShardSampler(n, r, world_size))
+        lines.append(tr(f"  rank {r}: DistributedSampler {k:>4} samples | ShardSampler {shard:>4} samples",
+                        f"  rank {r}：DistributedSampler {k:>4} 个样本 | ShardSampler {shard:>4} 个样本"))
+    twice, per_rank = len(seen) - len(set(seen)), math.ceil(n / world_size)
+    lines.append(tr(
+        f"DistributedSampler: {len(seen)} evaluated, {twice} counted twice "
+        f"({per_rank} x {world_size} - {n})",
+        f"DistributedSampler：评估了 {len(seen)} 个，其中 {twice} 个被算了两次（{per_rank} x {world_size} - {n}）",
+    ))
+    # (ShardSampler + full-width colon + 6 spaces: as wide as "DistributedSampler：" in a monospace font)
+    lines.append(tr(f"ShardSampler:       {n} evaluated, 0 counted twice",
+                    f"ShardSampler：      评估了 {n} 个，其中 0 个被算了两次"))
     return "\n".join(lines)
 
 
@@ -268,7 +274,7 @@ def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) 
 
     def find(text: str, fragment: str, name: str) -> tuple[int | str, str]:
         if not fragment:
-            return "-", "(missing)"
+            return "-", tr("(missing)", "（缺失）")
         for number, line in enumerate(text.splitlines(), 1):
             if fragment in line:
                 return number, line.strip()
@@ -277,7 +283,8 @@ def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) 
     out = []
     for i, (a, b) in enumerate(pairs, 1):
         (na, la), (nb, lb) = find(skeleton, a, "skeleton"), find(script, b, "train.py")
-        out.append(f"[{i:>2}] skeleton {na:>4} | {la}")
+        # 骨架 is 4 columns wide in a monospace font: 4 spaces more line it up with "skeleton"
+        out.append(tr(f"[{i:>2}] skeleton {na:>4} | {la}", f"[{i:>2}] 骨架     {na:>4} | {la}"))
         out.append(f"     train.py {nb:>4} | {lb}")
     return "\n".join(out)
 

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from .device import one_main_thread
 from .dist import single_process_group
+from .i18n import pad, text_width, tr
 from .models import MLP
 
 # ---------------------------------------------------------------------------------------------
@@ -30,7 +31,7 @@ from .models import MLP
 def _fmt(value: Any) -> str:
     """A measurement as short, stable text."""
     if isinstance(value, bool):
-        return "yes" if value else "no"
+        return tr("yes", "是") if value else tr("no", "否")
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
@@ -52,14 +53,18 @@ class PitfallLedger:
         ok = "pass" if bug_seen and fixed else "FAIL"
         self.rows[key] = (title, measure, _fmt(bug), _fmt(fix), ok)
         if not bug_seen:
-            raise AssertionError(
+            raise AssertionError(tr(
                 f"{title}: the bug did not happen ({measure} = {_fmt(bug)}), so this demonstration "
-                "shows nothing. Did a PyTorch upgrade change this behaviour? Re-read the explanation."
-            )
+                "shows nothing. Did a PyTorch upgrade change this behaviour? Re-read the explanation.",
+                f"{title}：bug 没有出现（{measure} = {_fmt(bug)}），所以这个演示什么也说明不了。"
+                "是不是 PyTorch 升级改变了这一行为？请重读上面的解释。"
+            ))
         if not fixed:
-            raise AssertionError(f"{title}: the fix did not work ({measure} = {_fmt(fix)}).")
-        line = f"{title}: {measure}: with the bug {_fmt(bug)}, fixed {_fmt(fix)}"
-        print(f"{line} (bug reproduced; fix works)")
+            raise AssertionError(tr(f"{title}: the fix did not work ({measure} = {_fmt(fix)}).",
+                                    f"{title}：修复没有奏效（{measure} = {_fmt(fix)}）。"))
+        bug, fix = _fmt(bug), _fmt(fix)
+        print(tr(f"{title}: {measure}: with the bug {bug}, fixed {fix} (bug reproduced; fix works)",
+                 f"{title}：{measure}：有 bug 时 {bug}，修复后 {fix}（bug 已复现；修复有效）"))
 
     @contextlib.contextmanager
     def expect_error(
@@ -73,25 +78,30 @@ class PitfallLedger:
             yield
         except error as exc:
             if confirm is not None and not confirm(exc):
-                raise AssertionError(
+                raise AssertionError(tr(
                     f"{key}: the expected {type(exc).__name__} happened, but not for the reason this "
-                    f"lesson shows: {exc}"
-                ) from exc
+                    f"lesson shows: {exc}",
+                    f"{key}：预期的 {type(exc).__name__} 出现了，但原因不是本节要展示的那个：{exc}"
+                )) from exc
             self.errors[key] = exc
             raise
-        raise AssertionError(f"{key}: expected {error.__name__}, but the code ran without error.")
+        raise AssertionError(tr(f"{key}: expected {error.__name__}, but the code ran without error.",
+                                f"{key}：预期会出现 {error.__name__}，但代码运行时没有报错。"))
 
     @property
     def all_ok(self) -> bool:
         return bool(self.rows) and all(row[-1] == "pass" for row in self.rows.values())
 
     def table(self) -> str:
-        """The checks as a plain-text table, in the order they were made."""
-        head = ("#", "pitfall", "measured", "with the bug", "fixed", "check")
-        rows = [head] + [(str(i), *row) for i, row in enumerate(self.rows.values(), 1)]
-        widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+        """The checks as a plain-text table, in the order they were made (a verdict: pass or FAIL)."""
+        head = ("#", tr("pitfall", "误区"), tr("measured", "测量项"), tr("with the bug", "有 bug 时"),
+                tr("fixed", "修复后"), tr("check", "检查"))
+        verdict = {"pass": tr("pass", "通过"), "FAIL": tr("FAIL", "失败")}
+        rows = [head, *((str(i), *row[:-1], verdict[row[-1]])
+                        for i, row in enumerate(self.rows.values(), 1))]
+        widths = [max(text_width(row[c]) for row in rows) for c in range(len(head))]
         rows.insert(1, tuple("-" * w for w in widths))
-        lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+        lines = ("  ".join(pad(c, w) for c, w in zip(row, widths, strict=True)) for row in rows)
         return "\n".join(line.rstrip() for line in lines)
 
 
@@ -205,12 +215,14 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
         for e in range(1, epochs):
             ax.axhline(e * world_size - 0.5, color="black", lw=1.5)
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("sample index")
+        ax.set_xlabel(tr("sample index", "样本索引"))
         ax.set_xticks(range(0, n, 4))
-        labels = [f"epoch {e}, rank {r}" for e in range(epochs) for r in range(world_size)]
+        labels = [tr(f"epoch {e}, rank {r}", f"epoch {e}，rank {r}")
+                  for e in range(epochs) for r in range(world_size)]
         ax.set_yticks(range(len(labels)), labels)
     fig.suptitle(
-        "Number in a cell = position at which that rank visits that sample; grey = never",
+        tr("Number in a cell = position at which that rank visits that sample; grey = never",
+           "格中数字 = 该 rank 访问该样本的次序；灰色 = 从未访问"),
         fontsize=10,
     )
     fig.tight_layout()
@@ -299,12 +311,18 @@ class AugmentDataset(Dataset):
 # The switchboard: one small training run with any mistakes switched on
 # ---------------------------------------------------------------------------------------------
 
-SWITCHES: dict[str, str] = {
-    "layer_in_forward": "output layer created in forward()",
-    "no_zero_grad": "optimizer.zero_grad() forgotten",
-    "eval_without_eval": "validation without model.eval() / no_grad()",
-    "no_train_after_eval": "model.train() forgotten after validation",
-}
+SWITCHES = ("layer_in_forward", "no_zero_grad", "eval_without_eval", "no_train_after_eval")
+
+
+def switch_label(key: str) -> str:
+    """What the mistake `key` of ``SWITCHES`` is, in words (the checkbox's label)."""
+    return {
+        "layer_in_forward": tr("output layer created in forward()", "在 forward() 中创建输出层"),
+        "no_zero_grad": tr("optimizer.zero_grad() forgotten", "忘记调用 optimizer.zero_grad()"),
+        "eval_without_eval": tr("validation without model.eval() / no_grad()",
+                                "验证时不用 model.eval() / no_grad()"),
+        "no_train_after_eval": tr("model.train() forgotten after validation", "验证后忘记调用 model.train()"),
+    }[key]
 
 
 class SwitchNet(nn.Module):
@@ -401,52 +419,57 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     plt = pyplot()
 
     on = _normalise(mistakes)
-    runs = [(switchboard_run(), "tab:blue", "no mistake")]
+    runs = [(switchboard_run(), "tab:blue", tr("no mistake", "无错误"))]
     if on:
-        runs.append((switchboard_run(on), "tab:red", "mistakes on"))
+        runs.append((switchboard_run(on), "tab:red", tr("mistakes on", "打开错误")))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
     for run, colour, name in runs:
         smooth = np.convolve(run.train_loss, np.ones(5) / 5, mode="valid")  # moving average of 5
         ax1.plot(np.arange(5, len(run.train_loss) + 1), smooth, color=colour, label=name)
-        ax2.plot(run.val_steps, run.val_loss, "o-", color=colour, label=f"{name} (as reported)")
-    ax1.set_title("Training loss (moving average of 5 steps)")
-    ax2.set_title("Validation loss")
+        ax2.plot(run.val_steps, run.val_loss, "o-", color=colour,
+                 label=tr(f"{name} (as reported)", f"{name}（报告值）"))
+    ax1.set_title(tr("Training loss (moving average of 5 steps)", "训练损失（5 步滑动平均）"))
+    ax2.set_title(tr("Validation loss", "验证损失"))
     worst = runs[-1][0]
     top = max(3.0, min(10.0, max(*worst.train_loss, *worst.val_loss) * 1.05))
     for ax in (ax1, ax2):
-        ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy loss")
+        ax.set_xlabel(tr("step", "步数"))
+        ax.set_ylabel(tr("cross-entropy loss", "交叉熵损失"))
         ax.set_ylim(0, top)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Mistakes on: {', '.join(SWITCHES[m] for m in on) or 'none'}", fontsize=10)
+    fig.suptitle(tr(f"Mistakes on: {', '.join(switch_label(m) for m in on) or 'none'}",
+                    f"打开的错误：{'；'.join(switch_label(m) for m in on) or '无'}"), fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def _summary_lines(rows: Sequence[tuple[str, SwitchboardRun]]) -> str:
-    w = max(18, *(len(name) for name, _ in rows))
-    lines = [
-        f"{'run':{w}s} {'final train loss':>16s} {'reported val loss':>17s} {'true val loss':>13s} "
-        f"{'true val acc':>12s} {'steps in train()':>16s}"
-    ]
+    """One row per run; each column as wide as its heading (in terminal columns: Chinese counts two)."""
+    head = [tr("final train loss", "最终训练损失"), tr("reported val loss", "报告的验证损失"),
+            tr("true val loss", "真实验证损失"), tr("true val acc", "真实验证准确率"),
+            tr("steps in train()", "train() 模式步数")]
+    widths = [text_width(h) for h in head]
+    w = max(18, *(text_width(name) for name, _ in rows))
+    headings = (pad(h, c, right=True) for h, c in zip(head, widths, strict=True))
+    lines = [" ".join([pad(tr("run", "运行"), w), *headings])]
     for name, r in rows:
-        lines.append(
-            f"{name:{w}s} {r.train_loss[-1]:16.4f} {r.val_loss[-1]:17.4f} "
-            f"{r.final_val_loss_true:13.4f} {r.final_val_acc_true:12.4f} {r.steps_in_train_mode:16d}"
-        )
+        losses = (r.train_loss[-1], r.val_loss[-1], r.final_val_loss_true, r.final_val_acc_true)
+        cells = [f"{v:{c}.4f}" for v, c in zip(losses, widths[:-1], strict=True)]
+        lines.append(" ".join([pad(name, w), *cells, f"{r.steps_in_train_mode:{widths[-1]}d}"]))
     return "\n".join(lines)
 
 
 def switchboard_summary(mistakes: Sequence[str] | None = ("no_zero_grad",)) -> str:
     """The switchboard's numbers as text: the same run without and with the mistakes."""
-    rows = [("no mistake", switchboard_run()), ("with the mistakes", switchboard_run(mistakes))]
+    rows = [(tr("no mistake", "无错误"), switchboard_run()),
+            (tr("with the mistakes", "有错误"), switchboard_run(mistakes))]
     return _summary_lines(rows)
 
 
 def switchboard_overview() -> str:
     """One row per mistake switched on alone, under the clean run."""
-    rows = [("no mistake", switchboard_run())]
+    rows = [(tr("no mistake", "无错误"), switchboard_run())]
     return _summary_lines(rows + [(key, switchboard_run((key,))) for key in SWITCHES])
 
 
@@ -459,8 +482,8 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
 
     layout = widgets.Layout(width="auto")
     boxes = {
-        k: widgets.Checkbox(value=k in default, description=v, indent=False, layout=layout)
-        for k, v in SWITCHES.items()
+        k: widgets.Checkbox(value=k in default, description=switch_label(k), indent=False, layout=layout)
+        for k in SWITCHES
     }
     out = widgets.Output()
 
@@ -474,6 +497,7 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
     for b in boxes.values():
         b.observe(redraw, names="value")
     redraw()
-    ui = widgets.VBox([widgets.HTML("<b>Switch mistakes on and off:</b>"), *boxes.values(), out])
+    ui = widgets.VBox([widgets.HTML(tr("<b>Switch mistakes on and off:</b>", "<b>打开或关闭错误：</b>")),
+                       *boxes.values(), out])
     display(ui)
     return ui

@@ -32,6 +32,7 @@ from PIL import Image
 from torch.utils.data import get_worker_info
 
 from . import ROOT
+from .i18n import tr
 
 DATA_DIR = Path(os.environ.get("COURSE_DATA", ROOT / "data"))
 DIGITS = DATA_DIR / "digits"
@@ -125,23 +126,24 @@ def verify(root: Path | str = DIGITS) -> list[str]:
     root = Path(root)
     mf = root / MANIFEST
     if not mf.exists():
-        return [f"{mf.name} is missing in {root}: run `python -m course_utils.data build`"]
+        return [tr(f"{mf.name} is missing in {root}: run `python -m course_utils.data build`",
+                   f"{root} 中缺少 {mf.name}：请运行 `python -m course_utils.data build`")]
     manifest = json.loads(mf.read_text())
     problems = []
     for rel, digest in manifest["files"].items():
         path = root / rel
         if not path.exists():
-            problems.append(f"missing: {rel}")
+            problems.append(tr(f"missing: {rel}", f"缺失：{rel}"))
             continue
         try:
             pixels = np.asarray(Image.open(path).convert("L"))
         except Exception as exc:  # unreadable file
-            problems.append(f"unreadable: {rel} ({exc})")
+            problems.append(tr(f"unreadable: {rel} ({exc})", f"无法读取：{rel}（{exc}）"))
             continue
         if pixel_digest(pixels) != digest:
-            problems.append(f"altered: {rel}")
+            problems.append(tr(f"altered: {rel}", f"已被改动：{rel}"))
     extra = {p.relative_to(root).as_posix() for p in root.rglob("*.png")} - set(manifest["files"])
-    problems += [f"not in the manifest: {rel}" for rel in sorted(extra)]
+    problems += [tr(f"not in the manifest: {rel}", f"不在清单（manifest）中：{rel}") for rel in sorted(extra)]
     return problems
 
 
@@ -149,10 +151,11 @@ def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
     if not (DIGITS / split).is_dir():
-        raise FileNotFoundError(
+        raise FileNotFoundError(tr(
             f"The course data is missing ({DIGITS / split} does not exist). "
-            "Run `python -m course_utils.data build` from the course folder."
-        )
+            "Run `python -m course_utils.data build` from the course folder.",
+            f"课程数据缺失（{DIGITS / split} 不存在）。请在课程文件夹中运行 `python -m course_utils.data build`。"
+        ))
 
 
 def image_paths(split: str = "train") -> tuple[list[Path], list[int]]:
@@ -254,15 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "build":
         m = build(args.out)
-        print(f"wrote {m['counts']['train']} train and {m['counts']['test']} test images to {args.out}")
+        train, test = m["counts"]["train"], m["counts"]["test"]
+        print(tr(f"wrote {train} train and {test} test images to {args.out}",
+                 f"已向 {args.out} 写入 {train} 张训练图像和 {test} 张测试图像"))
         return 0
     problems = verify(args.root)
     for p in problems[:20]:
         print(p)
     if problems:
-        print(f"{len(problems)} problem(s); rebuild with `python -m course_utils.data build`")
+        print(tr(f"{len(problems)} problem(s); rebuild with `python -m course_utils.data build`",
+                 f"共 {len(problems)} 处问题；请用 `python -m course_utils.data build` 重新生成"))
         return 1
-    print("data OK")
+    print(tr("data OK", "数据完好"))
     return 0
 
 

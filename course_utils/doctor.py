@@ -23,9 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ROOT
+from .i18n import tr
 
 REQUIREMENTS = ROOT / "requirements.txt"
-FIX_INSTALL = "run `make setup` (or `python tasks.py setup`) in the course folder"
+
+
+def fix_install() -> str:
+    """What to do when a package is missing (in the course's language, as every text below)."""
+    return tr("run `make setup` (or `python tasks.py setup`) in the course folder",
+              "在课程文件夹中运行 `make setup`（或 `python tasks.py setup`）")
 
 
 @dataclass(frozen=True)
@@ -62,15 +68,19 @@ def check_python(version: tuple[int, int] = sys.version_info[:2]) -> Check:
     text = f"{version[0]}.{version[1]}"
     if version >= (3, 11):
         return Check("python", "OK", f"Python {text}")
-    return Check("python", "FAIL", f"Python {text}; the course needs 3.11+: install it, then {FIX_INSTALL}")
+    return Check("python", "FAIL",
+                 tr(f"Python {text}; the course needs 3.11+: install it, then {fix_install()}",
+                    f"Python {text}；本课程需要 3.11 或更高版本：请先安装，然后{fix_install()}"))
 
 
 def check_package(name: str, pinned: str | None, version_of: Callable[[str], str | None] = _installed) -> Check:
     got = version_of(name)
     if got is None:
-        return Check(name, "FAIL", f"not installed: {FIX_INSTALL}")
+        return Check(name, "FAIL", tr(f"not installed: {fix_install()}", f"未安装：{fix_install()}"))
     if pinned and got.split("+")[0] != pinned.split("+")[0]:
-        return Check(name, "WARN", f"{got} installed; the course is tested with {pinned} (outputs may differ)")
+        return Check(name, "WARN",
+                     tr(f"{got} installed; the course is tested with {pinned} (outputs may differ)",
+                        f"已安装 {got}；本课程用 {pinned} 测试（输出可能有所不同）"))
     return Check(name, "OK", got)
 
 
@@ -83,12 +93,14 @@ def check_other_packages(pins: dict[str, str], version_of: Callable[[str], str |
         if got is None:
             missing.append(name)
         elif got != want:
-            different.append(f"{name} {got} (tested: {want})")
+            different.append(tr(f"{name} {got} (tested: {want})", f"{name} {got}（测试版本：{want}）"))
     if missing:
-        return Check("packages", "FAIL", f"missing: {', '.join(missing)}: {FIX_INSTALL}")
+        return Check("packages", "FAIL", tr(f"missing: {', '.join(missing)}: {fix_install()}",
+                                            f"缺少：{', '.join(missing)}：{fix_install()}"))
     if different:
-        return Check("packages", "WARN", "other versions: " + ", ".join(different))
-    return Check("packages", "OK", f"{len(pins) - 2} pinned packages at their tested versions")
+        return Check("packages", "WARN", tr("other versions: ", "版本不同：") + ", ".join(different))
+    return Check("packages", "OK", tr(f"{len(pins) - 2} pinned packages at their tested versions",
+                                      f"{len(pins) - 2} 个固定版本的包都是测试时的版本"))
 
 
 def check_cpu() -> Check:
@@ -99,38 +111,49 @@ def check_cpu() -> Check:
     except ImportError:  # torch does not import: the accelerator line says what to do
         n = os.cpu_count() or 1
     status = "OK" if n >= 2 else "WARN"
-    extra = "" if n >= 2 else " (the distributed chapters start 2 processes: expect them to be slow)"
-    return Check("cpu", status, f"{n} cores, {platform.machine()}{extra}")
+    extra = "" if n >= 2 else tr(" (the distributed chapters start 2 processes: expect them to be slow)",
+                                 "（分布式章节会启动 2 个进程：预计会比较慢）")
+    return Check("cpu", status, tr(f"{n} cores, {platform.machine()}{extra}",
+                                   f"{n} 个核心，{platform.machine()}{extra}"))
 
 
 def check_accelerator() -> Check:
     try:
         import torch
     except Exception:
-        return Check("accelerator", "FAIL", f"torch does not import: {FIX_INSTALL}")
+        return Check("accelerator", "FAIL", tr(f"torch does not import: {fix_install()}",
+                                               f"无法导入 torch：{fix_install()}"))
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         return Check("accelerator", "OK", f"CUDA: {names}")
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return Check("accelerator", "OK", "Apple MPS")
-    return Check("accelerator", "OK", "none: the course runs on the CPU (a GPU is optional)")
+    return Check("accelerator", "OK", tr("none: the course runs on the CPU (a GPU is optional)",
+                                         "无：课程在 CPU 上运行（GPU 不是必需的）"))
 
 
 def check_widgets(version_of: Callable[[str], str | None] = _installed) -> Check:
     if version_of("ipywidgets") is None:
-        return Check("widgets", "FAIL", f"ipywidgets is not installed: {FIX_INSTALL}")
+        return Check("widgets", "FAIL", tr(f"ipywidgets is not installed: {fix_install()}",
+                                           f"未安装 ipywidgets：{fix_install()}"))
     if version_of("jupyterlab-widgets") is None and version_of("jupyterlab_widgets") is None:
-        return Check("widgets", "WARN", "the JupyterLab front end for widgets is missing: "
-                     "`pip install jupyterlab_widgets`; sliders will show as text")
-    return Check("widgets", "OK", "ipywidgets and its JupyterLab front end")
+        return Check("widgets", "WARN", tr("the JupyterLab front end for widgets is missing: "
+                                           "`pip install jupyterlab_widgets`; sliders will show as text",
+                                           "缺少交互控件（widget）的 JupyterLab 前端：请运行 "
+                                           "`pip install jupyterlab_widgets`；否则滑块只会显示为文本"))
+    return Check("widgets", "OK", tr("ipywidgets and its JupyterLab front end", "ipywidgets 及其 JupyterLab 前端"))
 
 
 def check_graphviz(which: Callable[[str], str | None] = shutil.which) -> Check:
     if which("dot"):
-        return Check("graphviz", "OK", "`dot` found: graphs are drawn by graphviz")
-    return Check("graphviz", "WARN", "`dot` not found (optional): graphs use the built-in matplotlib layout; "
-                 "for graphviz: apt-get install graphviz / brew install graphviz / conda install graphviz")
+        return Check("graphviz", "OK", tr("`dot` found: graphs are drawn by graphviz",
+                                          "找到了 `dot`：计算图由 graphviz 绘制"))
+    return Check("graphviz", "WARN", tr(
+        "`dot` not found (optional): graphs use the built-in matplotlib layout; "
+        "for graphviz: apt-get install graphviz / brew install graphviz / conda install graphviz",
+        "未找到 `dot`（可选）：计算图改用内置的 matplotlib 布局绘制；"
+        "如需 graphviz：apt-get install graphviz / brew install graphviz / conda install graphviz"))
 
 
 def check_data(root: Path | None = None) -> Check:
@@ -140,10 +163,11 @@ def check_data(root: Path | None = None) -> Check:
     problems = data.verify(root)
     if problems:
         first = problems[0]
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        return Check("data", "FAIL", f"{first}{more}: run `python -m course_utils.data build` to restore it")
+        more = tr(f" (+{len(problems) - 1} more)", f"（另有 {len(problems) - 1} 处问题）") if len(problems) > 1 else ""
+        return Check("data", "FAIL", tr(f"{first}{more}: run `python -m course_utils.data build` to restore it",
+                                        f"{first}{more}：运行 `python -m course_utils.data build` 恢复数据"))
     n = len(__import__("json").loads((root / data.MANIFEST).read_text())["files"])
-    return Check("data", "OK", f"{n} images match the manifest")
+    return Check("data", "OK", tr(f"{n} images match the manifest", f"{n} 张图像与清单（manifest）一致"))
 
 
 def run_checks(pins: dict[str, str] | None = None) -> list[Check]:
@@ -156,7 +180,8 @@ def run_checks(pins: dict[str, str] | None = None) -> list[Check]:
     try:
         checks.append(check_data())
     except Exception as exc:  # e.g. Pillow missing
-        checks.append(Check("data", "FAIL", f"could not check the data ({exc}): {FIX_INSTALL}"))
+        checks.append(Check("data", "FAIL", tr(f"could not check the data ({exc}): {fix_install()}",
+                                               f"无法检查数据（{exc}）：{fix_install()}")))
     return checks
 
 
@@ -171,19 +196,27 @@ def format_table(checks: list[Check], width: int = 0) -> str:
 
 # --- doctor --workshop: the smallest real work of each chapter, each bounded in time -------------
 
-AGAIN = "then run `python -m course_utils doctor --workshop` again"
-FIX_BUSY = f"close other programs so that the computer is not busy (or short of memory), {AGAIN}"
+
+def again() -> str:
+    """How every remedy of --workshop ends."""
+    return tr("then run `python -m course_utils doctor --workshop` again",
+              "然后再运行一次 `python -m course_utils doctor --workshop`")
+
+
+def fix_busy() -> str:
+    return tr(f"close other programs so that the computer is not busy (or short of memory), {again()}",
+              f"关闭其他程序，让电脑不那么忙（内存也不那么紧张），{again()}")
 
 
 @dataclass(frozen=True)
 class Item:
     """One piece of real work: `run(seconds)` does it within about `seconds` and returns what it did
-    (or raises); `fix` is what a learner does when it fails."""
+    (or raises); `fix()` says what a learner does when it fails (in the course's language)."""
 
     name: str
     run: Callable[[float], str]
     timeout: float
-    fix: str
+    fix: Callable[[], str]
 
 
 def _autograd(seconds: float) -> str:
@@ -192,8 +225,9 @@ def _autograd(seconds: float) -> str:
     x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     (x**2).sum().backward()
     if not torch.allclose(x.grad, 2 * x.detach()):
-        raise RuntimeError(f"the gradient of sum(x**2) at {x.tolist()} came out as {x.grad.tolist()}")
-    return "a backward pass: d/dx sum(x**2) = 2x"
+        raise RuntimeError(tr(f"the gradient of sum(x**2) at {x.tolist()} came out as {x.grad.tolist()}",
+                              f"sum(x**2) 在 {x.tolist()} 处的梯度算成了 {x.grad.tolist()}"))
+    return tr("a backward pass: d/dx sum(x**2) = 2x", "一次反向传播：d/dx sum(x**2) = 2x")
 
 
 def _module(seconds: float) -> str:
@@ -211,8 +245,10 @@ def _module(seconds: float) -> str:
     x = torch.rand(4, 1, 28, 28)
     with torch.no_grad():
         if not torch.equal(model(x), copy(x)):
-            raise RuntimeError("a model loaded from its state_dict computes something else")
-    return "an MLP's forward pass, and its state_dict saved and loaded"
+            raise RuntimeError(tr("a model loaded from its state_dict computes something else",
+                                  "从 state_dict 加载的模型算出了不同的结果"))
+    return tr("an MLP's forward pass, and its state_dict saved and loaded",
+              "一个 MLP 的前向传播，以及它的 state_dict 的保存和加载")
 
 
 def _dataloader(seconds: float) -> str:
@@ -223,8 +259,9 @@ def _dataloader(seconds: float) -> str:
     loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, timeout=seconds)
     seen = sorted(int(i) for _, labels in loader for i in labels)
     if seen != list(range(16)):
-        raise RuntimeError(f"the batches held the items {seen}, not 0-15 once each")
-    return "a DataLoader with 2 worker processes over 16 items"
+        raise RuntimeError(tr(f"the batches held the items {seen}, not 0-15 once each",
+                              f"各批次中的样本是 {seen}，而不是 0-15 各一次"))
+    return tr("a DataLoader with 2 worker processes over 16 items", "一个带 2 个 worker 进程的 DataLoader，共 16 个样本")
 
 
 def _distributed(seconds: float) -> str:
@@ -234,8 +271,10 @@ def _distributed(seconds: float) -> str:
     result = torchrun("scripts/hello_dist.py", nproc=2, backend="gloo", show=False,
                       timeout=seconds * 0.8, cwd=ROOT / "notebooks")
     if "all_reduce sum of (rank + 1) = 3" not in result.logs[0]:
-        raise RuntimeError(f"rank 0 printed {result.logs[0]!r}, without its all_reduce")
-    return f"2 processes talked over gloo (scripts/hello_dist.py, {result.engine} engine)"
+        raise RuntimeError(tr(f"rank 0 printed {result.logs[0]!r}, without its all_reduce",
+                              f"rank 0 打印了 {result.logs[0]!r}，其中没有它的 all_reduce 结果"))
+    return tr(f"2 processes talked over gloo (scripts/hello_dist.py, {result.engine} engine)",
+              f"2 个进程通过 gloo 完成了通信（scripts/hello_dist.py，{result.engine} 引擎）")
 
 
 def _ipywidgets(seconds: float) -> str:
@@ -243,22 +282,30 @@ def _ipywidgets(seconds: float) -> str:
 
     slider = ipywidgets.IntSlider(value=1, min=0, max=3, description="epoch")
     slider.value = 2
-    return f"ipywidgets {ipywidgets.__version__} made a slider"
+    return tr(f"ipywidgets {ipywidgets.__version__} made a slider",
+              f"ipywidgets {ipywidgets.__version__} 创建了一个滑块")
 
 
 WORKSHOP = [
     Item("autograd", _autograd, 20.0,
-         f"PyTorch could not compute a gradient: {FIX_INSTALL}, {AGAIN}"),
+         lambda: tr(f"PyTorch could not compute a gradient: {fix_install()}, {again()}",
+                    f"PyTorch 无法计算梯度：{fix_install()}，{again()}")),
     Item("module", _module, 20.0,
-         f"PyTorch could not run or save a small model: {FIX_INSTALL}, {AGAIN}"),
+         lambda: tr(f"PyTorch could not run or save a small model: {fix_install()}, {again()}",
+                    f"PyTorch 无法运行或保存一个小模型：{fix_install()}，{again()}")),
     Item("dataloader", _dataloader, 20.0,
-         "the DataLoader's worker processes did not start or answer: close other programs to free "
-         "memory (in Docker, start the container with --shm-size=1g), " + AGAIN),
+         lambda: tr("the DataLoader's worker processes did not start or answer: close other programs to free "
+                    "memory (in Docker, start the container with --shm-size=1g), " + again(),
+                    "DataLoader 的 worker 进程没有启动或没有响应：关闭其他程序以释放内存"
+                    "（在 Docker 中，请用 --shm-size=1g 启动容器），" + again())),
     Item("distributed", _distributed, 40.0,
-         "2 local processes could not talk to each other: let Python accept local connections in "
-         "your firewall, pause any VPN, check that `ping localhost` answers, " + AGAIN),
+         lambda: tr("2 local processes could not talk to each other: let Python accept local connections in "
+                    "your firewall, pause any VPN, check that `ping localhost` answers, " + again(),
+                    "本机的 2 个进程之间无法通信：请在防火墙中允许 Python 接受本地连接，暂停所有 VPN，"
+                    "确认 `ping localhost` 有响应，" + again())),
     Item("ipywidgets", _ipywidgets, 20.0,
-         f"sliders will not work in the notebooks: {FIX_INSTALL}, {AGAIN}"),
+         lambda: tr(f"sliders will not work in the notebooks: {fix_install()}, {again()}",
+                    f"笔记本中的滑块将无法使用：{fix_install()}，{again()}")),
 ]
 
 
@@ -279,11 +326,13 @@ def run_item(item: Item) -> Check:
     thread.join(item.timeout)
     took = time.monotonic() - start
     if not outcome:  # still running: left behind (a daemon thread), the next item goes on
-        return Check(item.name, "FAIL", f"did not finish within {item.timeout:g} s: {FIX_BUSY}", FIX_BUSY)
+        return Check(item.name, "FAIL", tr(f"did not finish within {item.timeout:g} s: {fix_busy()}",
+                                           f"未能在 {item.timeout:g} 秒内完成：{fix_busy()}"), fix_busy())
     ok, text = outcome[0]
     if ok:
-        return Check(item.name, "OK", f"{text} ({took:.1f} s)")
-    return Check(item.name, "FAIL", f"{text} ({took:.1f} s): {item.fix}", item.fix)
+        return Check(item.name, "OK", tr(f"{text} ({took:.1f} s)", f"{text}（{took:.1f} 秒）"))
+    fix = item.fix()
+    return Check(item.name, "FAIL", tr(f"{text} ({took:.1f} s): {fix}", f"{text}（{took:.1f} 秒）：{fix}"), fix)
 
 
 def run_workshop(show: Callable[[Check], None] = lambda check: None) -> list[Check]:
@@ -296,7 +345,8 @@ def run_workshop(show: Callable[[Check], None] = lambda check: None) -> list[Che
 
 
 def verdict(checks: list[Check]) -> str:
-    """The line to paste into the workshop chat: READY, or the first failure's remedy."""
+    """The line to paste into the workshop chat: READY, or the first failure's remedy. The keywords READY and
+    NOT READY, and the check's name, stay the same in every language (instructors look for them)."""
     failed = next((c for c in checks if c.status == "FAIL"), None)
     if failed is None:
         return "READY"
@@ -320,9 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         took = time.monotonic() - start
     fails = sum(c.status == "FAIL" for c in checks)
     warns = sum(c.status == "WARN" for c in checks)
-    print(f"\n{len(checks)} checks: {len(checks) - fails - warns} OK, {warns} WARN, {fails} FAIL")
+    oks = len(checks) - fails - warns
+    print(tr(f"\n{len(checks)} checks: {oks} OK, {warns} WARN, {fails} FAIL",
+             f"\n共 {len(checks)} 项检查：{oks} OK，{warns} WARN，{fails} FAIL"))
     if o.workshop:
-        print(f"the workshop checks took {took:.1f} s")
+        print(tr(f"the workshop checks took {took:.1f} s", f"工作坊检查用时 {took:.1f} 秒"))
         print(verdict(checks))
     return 1 if fails else 0
 

@@ -17,7 +17,7 @@ CJK_FAMILIES = ("Noto Sans CJK SC", "Source Han Sans SC", "Noto Sans SC", "WenQu
 _state = {"family": None, "done": False}
 
 
-def _installed_font() -> Path | None:
+def course_font_file() -> Path | None:
     """The Noto Sans CJK SC file of the ``mplfonts`` package, found without importing it."""
     spec = importlib.util.find_spec("mplfonts")
     for folder in (spec.submodule_search_locations or []) if spec else []:
@@ -31,7 +31,7 @@ def cjk_family() -> str | None:
     """The name of a font family that draws Chinese (registering the course's own), or None."""
     from matplotlib import font_manager
 
-    path = _installed_font()
+    path = course_font_file()
     if path is not None:
         font_manager.fontManager.addfont(str(path))
         return font_manager.FontProperties(fname=str(path)).get_name()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import unicodedata
 import warnings
 from pathlib import Path
 
@@ -67,3 +68,15 @@ def language() -> str:
 def tr(en: str, zh: str) -> str:
     """`en` or `zh`, in the course's language."""
     return zh if language() == "zh-CN" else en
+
+
+def text_width(text: str) -> int:
+    """The columns `text` takes in a monospace font: a Chinese (wide or full-width) character takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def pad(text: str, width: int, right: bool = False) -> str:
+    """`text` padded with spaces to `width` columns (on the left when `right`): ``:<`` / ``:>`` that count
+    a Chinese character as two columns, so tables line up in both languages."""
+    space = " " * (width - text_width(text))
+    return space + text if right else text + space

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .i18n import tr
+
 JOB_VAR = "COURSE_LAUNCH_ID"  # in the environment of every process of a job: to find them all
 POLL_S = 0.1  # seconds between two looks at the logs
 GRACE_S = 2.0  # seconds a process gets between SIGTERM and SIGKILL when a job is stopped
@@ -111,10 +113,14 @@ def _write(stream: Any, lines: list[str]) -> None:
 
 def _describe_exit(code: int | None) -> str:
     if code is None or code >= 0:
-        return "an unknown exit code" if code is None else f"exit code {code}"
+        if code is None:
+            return tr("an unknown exit code", "未知的退出码")
+        return tr(f"exit code {code}", f"退出码 {code}")
     name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-    oom = ": killed, often because the machine ran out of memory" if code == -signal.SIGKILL else ""
-    return f"exit code {code} ({name}{oom})"
+    oom = ""
+    if code == -signal.SIGKILL:
+        oom = tr(": killed, often because the machine ran out of memory", "：被强制终止，通常是因为机器内存不足")
+    return tr(f"exit code {code} ({name}{oom})", f"退出码 {code}（{name}{oom}）")
 
 
 class _Tail:
@@ -695,7 +701,8 @@ class _Warm:
             try:
                 msg = self.server.read(timeout)
             except (EOFError, OSError, ValueError):
-                self.rc, self.note = 1, "The warm launcher's server died during the job."
+                self.rc, self.note = 1, tr("The warm launcher's server died during the job.",
+                                           "warm 启动器的服务进程在作业运行期间退出了。")
                 self.server.close()
                 self.server = None
                 return self.rc
@@ -711,7 +718,8 @@ class _Warm:
         return {0: self.folder}
 
     def output(self) -> str:
-        lines = [f"rank {r} exited with {_describe_exit(c)}" for r, c in sorted(self.codes.items())]
+        lines = [tr(f"rank {r} exited with {_describe_exit(c)}", f"rank {r} 已退出：{_describe_exit(c)}")
+                 for r, c in sorted(self.codes.items())]
         return "\n".join([*lines, self.note]).strip()
 
     def failures(self) -> tuple[dict[int, int], int | None]:
@@ -775,13 +783,14 @@ class _Terminal(_Quiet):
     attempt = 0
 
     def __init__(self, title: str) -> None:
-        print(f"[launcher] {title}", file=sys.stderr, flush=True)
+        print(tr(f"[launcher] {title}", f"[启动器] {title}"), file=sys.stderr, flush=True)
 
     def show(self, logs: _Logs, new: list[tuple]) -> None:
         for n, r, out, err in new:
             if n > self.attempt:
                 self.attempt = n
-                print(f"[launcher] restarting the job (attempt {n})", flush=True)
+                print(tr(f"[launcher] restarting the job (attempt {n})", f"[启动器] 正在重启作业（尝试 {n}）"),
+                      flush=True)
             _write(sys.stdout, [f"[rank {r}] {line}" for line in out])
             _write(sys.stderr, [f"[rank {r}] {_strip(line)}" for line in err])
 
@@ -803,7 +812,8 @@ class _Notebook(_Quiet):
             text = html.escape("\n".join(last)) or "&nbsp;"
             rows += f"<tr><td style='vertical-align:top'><b>rank {r}</b></td>"
             rows += f"<td><pre style='margin:0'>{text}</pre></td></tr>"
-        return f"<b>{html.escape(self.title)}</b>: {html.escape(status)}<table>{rows}</table>"
+        title, status = html.escape(self.title), html.escape(status)
+        return tr(f"<b>{title}</b>: {status}<table>{rows}</table>", f"<b>{title}</b>：{status}<table>{rows}</table>")
 
     def show(self, logs: _Logs, new: list[tuple]) -> None:
         if self.display_id is None:  # the first look (inside _supervise, which cleans up)
@@ -812,7 +822,7 @@ class _Notebook(_Quiet):
                 import ipywidgets
                 from IPython.display import display
 
-                widget = ipywidgets.HTML(self._html("starting", logs.last()))
+                widget = ipywidgets.HTML(self._html(tr("starting", "正在启动"), logs.last()))
                 bundle = {k: v for k, v in widget._repr_mimebundle_().items() if k != "text/plain"}
                 display(bundle, raw=True, display_id=self.display_id)
                 self.widget = widget
@@ -820,7 +830,9 @@ class _Notebook(_Quiet):
             return
         self.last = time.monotonic()
         n = max(logs.attempts, default=0)
-        status = f"running, {self.last - self.t0:.0f} s" + (f" (attempt {n})" if n else "")
+        s = self.last - self.t0
+        status = tr(f"running, {s:.0f} s", f"运行中，{s:.0f} 秒")
+        status += tr(f" (attempt {n})", f"（尝试 {n}）") if n else ""
         self.widget.value = self._html(status, logs.last())  # (an unchanged value sends nothing)
 
     def end(self, logs: _Logs, outcome: str | None) -> None:
@@ -833,14 +845,16 @@ class _Notebook(_Quiet):
             self.widget = None
         grouped = []
         for n, ranks in sorted(logs.attempts.items()):
-            grouped += [f"--- attempt {n} ---"] if len(logs.attempts) > 1 else []
+            grouped += [tr(f"--- attempt {n} ---", f"--- 尝试 {n} ---")] if len(logs.attempts) > 1 else []
             grouped += [f"[rank {r}] {x}" for r, (out, _) in enumerate(ranks) for x in out.lines]
         errs = [f"[rank {r}] {_strip(x)}" for r, (_, e) in enumerate(logs.last()) for x in e.lines]
         if outcome == "ok":
             _write(sys.stdout, grouped)
             _write(sys.stderr, errs)
         elif outcome is not None:
-            sys.stderr.write(f"[launcher] what the ranks printed before the {outcome}:\n")
+            what = "失败" if outcome == "failure" else "超时"
+            sys.stderr.write(tr(f"[launcher] what the ranks printed before the {outcome}:\n",
+                                f"[启动器] {what}之前各 rank 打印的内容：\n"))
             _write(sys.stderr, grouped + (errs if outcome == "timeout" else []))
 
 
@@ -887,17 +901,23 @@ def _failure(job: _Torchrun | _Warm, rc: int, script: str, nproc: int, **info: A
     if rank is None:
         code, error = rc, ""
         tail = [x for x in job.output().splitlines() if x.strip()][-TAIL_LINES:]
-        head = f"the launcher failed ({_describe_exit(rc)}) running {script} before any rank "
-        head += "reported an error. Its last lines:"
-        foot = f"Logs: {where}"
+        exit_ = _describe_exit(rc)
+        head = tr(f"the launcher failed ({exit_}) running {script} before any rank "
+                  "reported an error. Its last lines:",
+                  f"启动器运行 {script} 时失败（{exit_}），当时还没有任何 rank 报告错误。它输出的最后几行：")
+        foot = tr(f"Logs: {where}", f"日志：{where}")
     else:
         code, tail = failures.get(rank), _error_tail(info["stderr"][rank].splitlines())
-        head = f"rank {rank} of {nproc} failed with {_describe_exit(code)} running {script}\n"
-        head += "Last lines of its error output:"
+        exit_ = _describe_exit(code)
+        head = tr(f"rank {rank} of {nproc} failed with {exit_} running {script}\n"
+                  "Last lines of its error output:",
+                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败，{exit_}\n它的错误输出的最后几行：")
         log = Path(where, f"rank{rank}.stderr.log")
-        foot = f"Its full log: {log} (every rank's logs are in {where})"
+        foot = tr(f"Its full log: {log} (every rank's logs are in {where})",
+                  f"它的完整日志：{log}（所有 rank 的日志都在 {where} 中）")
         error = (tail or [""])[-1]
-    shown = "\n".join("    " + x for x in tail) if tail else "    (it wrote nothing to stderr)"
+    nothing = tr("    (it wrote nothing to stderr)", "    （它没有向 stderr 写入任何内容）")
+    shown = "\n".join("    " + x for x in tail) if tail else nothing
     return LaunchError(f"{head}\n{shown}\n{foot}", rank=rank, exit_code=code, error=error, **info)
 
 
@@ -961,20 +981,22 @@ def torchrun(
         warnings.warn(f"{exc}; running the job with torchrun instead", RuntimeWarning, stacklevel=2)
         shutil.rmtree(log_dir / "warm", ignore_errors=True)
         job = _Torchrun(script_str, nproc, argv, max_restarts, base, run_env, log_dir)
-    title = f"{command}   [{backend}, {job.name} engine]"
+    title = _title(command, backend, job.name)
     display = (_Notebook(title) if _in_notebook() else _Terminal(title)) if show else _Quiet()
     rc, elapsed, logs = _supervise(job, display, timeout)
     out, err = [o.text() for o, _ in logs.last()], [e.text() for _, e in logs.last()]
     info = {"log_dir": str(log_dir), "logs": out, "stderr": err, "elapsed": elapsed}
     if rc is None:
-        raise LaunchTimeout(
+        raise LaunchTimeout(tr(
             f"{script_str} ({nproc} processes) did not finish within its timeout of {timeout:g} s, "
             "so every process of the job was stopped.\n"
             "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
             "rank never made the same call.\n"
             f"Logs of each rank R: {log_dir}/rankR.stdout.log and rankR.stderr.log",
-            **info,
-        )
+            f"{script_str}（{nproc} 个进程）没有在 {timeout:g} 秒的超时时间内结束，因此作业的所有进程都已停止。\n"
+            "某个 rank 一直在等待（在 all_reduce、barrier 等调用中），通常意味着另一个 rank 从未执行同样的调用。\n"
+            f"每个 rank R 的日志：{log_dir}/rankR.stdout.log 和 rankR.stderr.log",
+        ), **info)
     if rc != 0:
         raise _failure(job, rc, script_str, nproc, **info)
     attempts = [[o.text() for o, _ in ranks] for _, ranks in sorted(logs.attempts.items())]
@@ -1005,6 +1027,11 @@ def _choose_engine(engine: str | None, max_restarts: int) -> str:
         can_warm = sys.platform.startswith("linux") and not max_restarts
         engine = preferred if can_warm else "torchrun"
     return engine
+
+
+def _title(command: str, backend: str, engine: str) -> str:
+    """The headline of a job's display: its terminal command, the backend and the engine."""
+    return tr(f"{command}   [{backend}, {engine} engine]", f"{command}   [{backend}，{engine} 引擎]")
 
 
 def _command(script: str, nproc: int, argv: list[str], max_restarts: int) -> str:

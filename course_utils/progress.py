@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .i18n import pad, text_width, tr
+
 ENV_SWITCH = "COURSE_PROGRESS"  # 1: record, 0: never record (wins over the flag file)
 ENV_FILE = "COURSE_PROGRESS_FILE"  # another progress file (tests point it at a temporary folder)
 STATUSES = ("correct", "incorrect", "not_attempted")
@@ -60,16 +62,18 @@ def recording() -> tuple[bool, str]:
     """Whether checks are recorded now, and why (in words)."""
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in _OFF:
-        return False, f"off ({ENV_SWITCH}={value} in the environment)"
+        return False, tr(f"off ({ENV_SWITCH}={value} in the environment)", f"已关闭（环境变量 {ENV_SWITCH}={value}）")
     if value in _ON:
-        return True, f"on ({ENV_SWITCH}={value} in the environment)"
+        return True, tr(f"on ({ENV_SWITCH}={value} in the environment)", f"已开启（环境变量 {ENV_SWITCH}={value}）")
     try:
         flagged = flag_file().is_file()
     except OSError:
         flagged = False
     if flagged:
-        return True, "on (turned on with `python -m course_utils progress --enable`)"
-    return False, "off (turn it on with `python -m course_utils progress --enable`)"
+        return True, tr("on (turned on with `python -m course_utils progress --enable`)",
+                        "已开启（由 `python -m course_utils progress --enable` 打开）")
+    return False, tr("off (turn it on with `python -m course_utils progress --enable`)",
+                     "已关闭（用 `python -m course_utils progress --enable` 打开）")
 
 
 @contextlib.contextmanager
@@ -138,12 +142,15 @@ def record(chapter: str, exercise: str, status: str) -> bool:
         if not _warned:
             _warned = True
             with contextlib.suppress(Exception):
-                where = path or "its file"
-                sys.stderr.write(
+                where = path or tr("its file", "进度文件")
+                sys.stderr.write(tr(
                     f"Your progress could not be saved to {where} ({type(exc).__name__}: {exc}); "
                     f"checks work as before. To stop trying, set {ENV_SWITCH}=0 or run "
-                    "`python -m course_utils progress --disable`.\n"
-                )
+                    "`python -m course_utils progress --disable`.\n",
+                    f"无法把你的进度保存到 {where}（{type(exc).__name__}: {exc}）；检查功能照常可用。"
+                    f"如果不想再尝试保存，请设置 {ENV_SWITCH}=0，或运行 "
+                    "`python -m course_utils progress --disable`。\n",
+                ))
         return False
 
 
@@ -257,16 +264,18 @@ def summarise(records: Iterable[dict], known: dict[str, list[str]]) -> Summary:
 def format_table(summary: Summary, titles: dict[str, str] | None = None) -> str:
     """Chapters down, exercises across (in the order they first appear), a done count per chapter."""
     titles = titles or {}
+    shown = {"done": tr("done", "已完成"), "tried": tr("tried", "已尝试"), "not yet": tr("not yet", "尚未作答")}
     columns: list[str] = []
     for row in summary.states.values():
         columns += [name for name in row if name not in columns]
-    header = ["chapter", *columns, "done"]
+    header = [tr("chapter", "章节"), *columns, tr("done", "已完成")]
     rows = [header]
     for ch, row in summary.states.items():
         done = sum(s == "done" for s in row.values())
-        rows.append([titles.get(ch, ch), *(row.get(c, "") for c in columns), f"{done}/{len(row)}"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+        cells = (shown[row[c]] if c in row else "" for c in columns)
+        rows.append([titles.get(ch, ch), *cells, f"{done}/{len(row)}"])
+    widths = [max(text_width(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(pad(c, w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def _show_path(path: Path) -> str:
@@ -297,31 +306,39 @@ def main(argv: list[str] | None = None) -> int:
             flag.unlink(missing_ok=True)
         elif o.reset:
             if not o.yes:
-                print(f"This clears your recorded progress in {_show_path(path)}. To do it, run:\n"
-                      "  python -m course_utils progress --reset --yes")
+                print(tr(f"This clears your recorded progress in {_show_path(path)}. To do it, run:\n",
+                         f"这会清除 {_show_path(path)} 中记录的进度。确定要清除，请运行：\n")
+                      + "  python -m course_utils progress --reset --yes")
                 return 1
             n = reset(path)
-            print(f"Progress cleared ({n} lines removed from {_show_path(path)}).")
+            print(tr(f"Progress cleared ({n} lines removed from {_show_path(path)}).",
+                     f"进度已清除（从 {_show_path(path)} 删除了 {n} 行）。"))
             return 0
     except OSError as exc:
-        print(f"error: {exc}. Check that you can write to {_show_path(path.parent)}.", file=sys.stderr)
+        print(tr(f"error: {exc}. Check that you can write to {_show_path(path.parent)}.",
+                 f"错误：{exc}。请检查你能否写入 {_show_path(path.parent)}。"), file=sys.stderr)
         return 1
     if o.enable or o.disable:
-        print(f"Recording is now {recording()[1]}.")
-        print(f"Records stay on this computer, in {_show_path(path)}.")
+        print(tr(f"Recording is now {recording()[1]}.", f"进度记录现在{recording()[1]}。"))
+        print(tr(f"Records stay on this computer, in {_show_path(path)}.",
+                 f"记录只保存在这台电脑上：{_show_path(path)}。"))
         return 0
     try:
         records, bad = read(path)
     except OSError as exc:
-        print(f"error: cannot read {_show_path(path)} ({exc}).", file=sys.stderr)
+        print(tr(f"error: cannot read {_show_path(path)} ({exc}).", f"错误：无法读取 {_show_path(path)}（{exc}）。"),
+              file=sys.stderr)
         return 1
     summary = summarise(records, chapters())
     print(format_table(summary, chapter_titles()))
-    print(f"\ntotal: {summary.count('done')} done, {summary.count('tried')} tried, "
-          f"{summary.count('not yet')} not yet, of {summary.total} exercises")
-    skipped = f" ({bad} unreadable line{'s' * (bad != 1)} skipped)" if bad else ""
-    print(f"{len(records)} checks recorded in {_show_path(path)}{skipped}; this computer only.")
-    print(f"Recording is {recording()[1]}.")
+    done, tried, not_yet = (summary.count(state) for state in ("done", "tried", "not yet"))
+    print(tr(f"\ntotal: {done} done, {tried} tried, {not_yet} not yet, of {summary.total} exercises",
+             f"\n合计：共 {summary.total} 道练习，已完成 {done} 道，已尝试 {tried} 道，尚未作答 {not_yet} 道"))
+    skipped = tr(f" ({bad} unreadable line{'s' * (bad != 1)} skipped)",
+                 f"（跳过了 {bad} 行无法读取的记录）") if bad else ""
+    print(tr(f"{len(records)} checks recorded in {_show_path(path)}{skipped}; this computer only.",
+             f"{_show_path(path)} 中记录了 {len(records)} 次检查{skipped}；只保存在这台电脑上。"))
+    print(tr(f"Recording is {recording()[1]}.", f"进度记录{recording()[1]}。"))
     return 0
 
 

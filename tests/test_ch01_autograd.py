@@ -15,6 +15,7 @@ import torch
 
 from course_utils import ch01_autograd as G
 from course_utils.exercises import ch01
+from course_utils.i18n import text_width
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -420,6 +421,81 @@ def test_explorer_builds():
     # the notebook suggests b = -6 (y = 0, the steepest point): the slider must reach it
     sliders[2].value = -6.0
     assert sliders[2].value == -6.0
+
+
+
+# ------------------------------------------------------------------ the Chinese edition
+
+
+def _has_chinese(text: str) -> bool:
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_texts_speak_the_course_language(monkeypatch, no_dot, lang):
+    """The Chinese edition's words (COURSE_LANG=zh), the English ones unchanged; node names, ids,
+    shapes and values are the same in both."""
+    monkeypatch.setenv("COURSE_LANG", lang)
+    zh = lang == "zh"
+    _, _, _, _, z, params = sigmoid_example()
+    text = G.as_text(z, params)
+    assert text.splitlines()[0] == (
+        "z 的计算图：6 个节点（反向传播从 #0 开始；“<-” 后面是节点的输入）" if zh
+        else "autograd graph of z: 6 nodes (backward starts at #0; '<-' lists a node's inputs)")
+    assert ("#4 叶子张量 w (1,)" if zh else "#4 leaf w (1,)") in text and "#2 MulBackward0  <- #4, #5" in text
+    g = G.build_graph(z, params)
+    steps = G.backward_steps(z, params, graph=g)
+    step = G.format_step(steps[1], g, len(steps)).splitlines()
+    assert step[0] == ("第 2 步（共 6 步）：#1 AddBackward0 (y)" if zh else "step 2 of 6: #1 AddBackward0 (y)")
+    assert step[-1] == ("  向 #3 叶子张量 b 送出 0.0009102" if zh else "  sends 0.0009102 to #3 leaf b")
+    title = 'label="z 的计算图\n（6 个节点）"' if zh else 'label="autograd graph of z\n(6 nodes)"'
+    assert title in G.draw(z, params).dot_source
+    assert _has_chinese(G.step_view(z, params, step=3).dot_source) == zh
+    table = G.sigmoid_example_text().splitlines()
+    assert ("手算" in table[1]) == zh and text_width(table[1]) == len(table[2])  # the columns line up
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_figure_and_widgets_speak_the_course_language(monkeypatch, no_dot, lang):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setenv("COURSE_LANG", lang)
+    zh = lang == "zh"
+    fig = G.sigmoid_example_figure(1.0, -2.0, 6.0)
+    ax, bx = fig.axes
+    assert _has_chinese(ax.get_title()) == zh and "x=1, w=-2, b=6" in ax.get_title()
+    assert bx.get_xlabel() == ("梯度（autograd）" if zh else "gradient (autograd)")
+    assert ax.get_xlabel() == "y = w * x + b"  # formulas stay as they are
+    assert _has_chinese(ax.get_legend().texts[1].get_text()) == zh
+    plt.close(fig)
+    pytest.importorskip("ipywidgets")
+    _, _, _, _, z, params = sigmoid_example()
+    box = G.stepper_widget(z, params)
+    (play, slider), text = box.children[0].children, box.children[2]
+    assert (slider.description, play.description) == (("步骤", "播放") if zh else ("step", "play"))
+    assert ("第 1 步（共 6 步）" in text.value) == zh
+
+
+def test_dot_draws_chinese_with_the_course_font(monkeypatch):
+    """fontconfig does not know the mplfonts package's CJK font: in the Chinese edition `dot` is run
+    with a fontconfig file that adds it (else Chinese labels are drawn as empty boxes)."""
+    from course_utils.figures import course_font_file
+
+    font = course_font_file()
+    if font is None:
+        pytest.skip("the mplfonts package is not installed")
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert G._dot_env() is None
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    conf = Path(G._dot_env()["FONTCONFIG_FILE"]).read_text()
+    assert f"<dir>{font.parent}</dir>" in conf and "<include" in conf
+    if shutil.which("dot"):
+        _, _, _, _, z, params = sigmoid_example()
+        d = G.draw(z, params)
+        assert d.engine == "graphviz" and d.png.startswith(PNG)
 
 
 # ------------------------------------------------------------------ torch.export's graphs

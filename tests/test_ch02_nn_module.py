@@ -10,6 +10,7 @@ from torch import nn
 
 from course_utils import ch02_nn_module as cm
 from course_utils.exercises import ch02
+from course_utils.i18n import text_width
 
 matplotlib.use("Agg")
 
@@ -334,6 +335,59 @@ def test_model_builder_widget_builds_and_reacts(monkeypatch):
     assert depth.description == "depth" and depth.value == cm.BUILDER_DEFAULTS["depth"] and len(shown) == 1
     depth.value = 1
     assert len(shown) == 2 and shown[-1].get_suptitle().startswith("1 hidden layers of 128")
+    matplotlib.pyplot.close("all")
+
+
+
+# --------------------------------------------------------------------------- the Chinese edition
+
+
+def _has_chinese(text: str) -> bool:
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_tables_speak_the_course_language_and_stay_aligned(monkeypatch, lang):
+    """Chinese headers take two columns a character: the tables still line up (text_width counts columns)."""
+    monkeypatch.setenv("COURSE_LANG", lang)
+    zh = lang == "zh"
+    lines = cm.summary(MLP(), torch.zeros(1, 784)).splitlines()
+    assert lines[1].split()[0] == ("层（类型）" if zh else "Layer")
+    assert lines[3].split() == ["fc1", "(Linear)", "[1,", "256]", "200,960"]
+    assert lines[-4] == ("参数总数：203,530" if zh else "Total params: 203,530")
+    assert {text_width(line) for line in lines[:7]} == {len(lines[0])}
+    stats = {"fc1": dict(kind="Linear", mean=0.0, std=1.0, zeros=0.0, grad=0.1)}
+    head, row = cm.format_stats(stats).splitlines()
+    assert _has_chinese(head) == zh and text_width(head) == len(row)
+    assert row == "fc1 (Linear)    0.0000    1.0000    0.0%   1.000e-01"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_figures_and_the_builder_speak_the_course_language(monkeypatch, capsys, lang):
+    pytest.importorskip("ipywidgets")
+    monkeypatch.setenv("COURSE_LANG", lang)
+    zh = lang == "zh"
+    stats = {"fc1": dict(kind="Linear", mean=0.0, std=1.0, zeros=0.0, grad=0.1)}
+    axes = cm.plot_activation_stats(stats, "t").axes
+    assert axes[0].get_xlabel() == ("层（按前向传播的顺序）" if zh else "layer (in forward order)")
+    assert all(_has_chinese(ax.get_title() + ax.get_ylabel()) == zh for ax in axes)
+    assert _has_chinese(axes[0].get_legend().texts[1].get_text()) == zh
+    fig = cm.plot_init_vs_depth({"relu": {"PyTorch default": [1.0, 0.5], "Kaiming (He)": [1.0, 1.0]}})
+    ax = fig.axes[0]
+    assert _has_chinese(fig.get_suptitle() + ax.get_xlabel() + ax.get_ylabel()) == zh
+    assert [t.get_text() for t in ax.get_legend().texts] == [("PyTorch 默认初始化" if zh else "PyTorch default"), "Kaiming (He)"]
+    shown = []
+    monkeypatch.setattr(cm, "show_figure", shown.append)
+    box = cm.model_builder_widget(x=torch.rand(16, 1, 28, 28))
+    controls = [c for row in box.children[:2] for c in row.children]
+    assert [c.description for c in controls] == (
+        ["深度", "宽度", "激活函数", "dropout", "归一化"] if zh else ["depth", "width", "activation", "dropout", "norm"])
+    norm = controls[-1]
+    assert [v for _, v in norm.options] == list(cm.NORMS) and norm.value == "none" and norm.label == ("无" if zh else "none")
+    assert shown[-1].get_suptitle().startswith("3 个宽度为 128 的隐藏层" if zh else "3 hidden layers of 128")
+    out = capsys.readouterr().out
+    assert ("参数量：134,794（与公式一致：134,794）" in out) == zh and ("matches the formula" in out) != zh
+    assert "depth=3 width=128 activation=relu dropout=0.20 norm=none\n" in out  # the settings: code names
     matplotlib.pyplot.close("all")
 
 

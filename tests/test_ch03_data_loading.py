@@ -418,6 +418,44 @@ def test_plot_curves_with_and_without_reference():
     plt.close("all")
 
 
+def _has_chinese(text: str) -> bool:
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_chapter_03_displays_speak_the_course_language(monkeypatch, lang):
+    """The Chinese edition's words (COURSE_LANG=zh), the English ones unchanged; option values stay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setenv("COURSE_LANG", lang)
+    zh = lang == "zh"
+    runs = [_run(0, [1.0] * 3), _run(1, [0.6] * 3), _run(2, [0.5] * 3), _run(4, [0.49] * 3)]
+    summary = L.curve_summary(runs, cores=2, load=None)
+    assert _has_chinese(summary) == zh and ("最快" in summary) == zh and ("Fastest here" in summary) != zh
+    assert L.format_runs(runs).startswith("workers 1st batch s")  # column names stay in English
+    fig = L.plot_curves(runs, 2, _reference())
+    title, legend = fig.axes[0].get_title(), fig.axes[0].get_legend_handles_labels()[1]
+    assert title == ("吞吐量（虚线：各机器的核心数）" if zh else "Throughput (dashed: each machine's cores)")
+    assert legend[0] == ("本机（2 个核心）" if zh else "this machine (2 cores)")
+    assert fig.axes[0].get_xlabel() == "num_workers"
+    images, labels = torch.rand(40, 1, 28, 28), [i % 10 for i in range(40)]
+    fig = L.draw_batch_view(L.batch_view(labels, **L.BATCH_BROWSER_DEFAULTS), images)
+    assert _has_chinese(fig.texts[0].get_text()) == zh and _has_chinese(fig.axes[-1].get_xlabel()) == zh
+    plt.close("all")
+    box = L.batch_browser(images, labels)
+    controls = [c for row in box.children[:2] for c in row.children]
+    assert [c.description for c in controls] == (
+        ["批次大小", "shuffle", "种子", "采样器", "epoch", "批次"] if zh
+        else ["batch size", "shuffle", "seed", "sampler", "epoch", "batch"])
+    sampler = controls[3]
+    assert [value for _, value in sampler.options] == list(L.SAMPLERS) and sampler.value == "default"
+    assert _has_chinese(sampler.label) == zh and _has_chinese(sampler.options[2][0]) == zh
+    plt.close("all")
+
+
 def _benchmark():
     import importlib.util
     from pathlib import Path

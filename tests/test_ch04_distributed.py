@@ -102,4 +102,34 @@ def test_explorer_builds():
     assert len(w.children) == 3
 
 
+def _has_chinese(text: str) -> bool:
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_pictures_and_explorer_speak_the_course_language(monkeypatch, capsys, lang):
+    monkeypatch.setenv("COURSE_LANG", lang)
+    zh = lang == "zh"
+    fig = draw_sampler(**EXPLORER_DEFAULTS)
+    out = capsys.readouterr().out
+    assert "  rank 0: [" in out and "set_epoch(0)" in out  # the sampler's own words: code and indices
+    assert ("每个 rank 每个 epoch 读取 4 个索引" in out) == zh and ("each rank reads 4 indices" in out) != zh
+    assert _has_chinese(fig.axes[0].get_title()) == zh and _has_chinese(fig.axes[0].get_xlabel()) == zh
+    assert fig.axes[0].get_title().startswith("DistributedSampler")
+    plt.close(fig)
+    fig = draw_collectives(collective_records())
+    title = fig.axes[0].get_title(loc="left")
+    assert title == ("all_reduce：每个 rank 都得到总和" if zh else "all_reduce: every rank gets the sum")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == (["调用前", "调用后"] if zh else ["before", "after"])
+    plt.close(fig)
+    fig = draw_shards({"w": [4, 2]}, [{"w": [2, 2]}, {"w": [2, 2]}])
+    assert fig.axes[0].texts[1].get_text() == ("rank 1：第 2-3 行" if zh else "rank 1: rows 2-3")
+    assert _has_chinese(fig.axes[0].get_title()) == zh
+    plt.close(fig)
+    pytest.importorskip("ipywidgets")
+    sliders = sampler_explorer().children[0].children
+    assert [s.description for s in sliders] == (["样本数", "world size", "epoch"] if zh else ["items", "world size", "epoch"])
+    plt.close("all")
+
+
 # ---------------------------------------------------------------------------- processes

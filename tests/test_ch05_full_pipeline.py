@@ -35,6 +35,7 @@ from course_utils.ch05_full_pipeline import (
     read_metrics,
     set_rng_state,
 )
+from course_utils.i18n import text_width
 from course_utils.models import MLP, MODELS, SmallCNN
 
 SCRIPT = ROOT / "notebooks" / "scripts" / "train.py"
@@ -105,6 +106,21 @@ def test_padding_report_counts_the_duplicate():
     text = padding_report(359, 2)
     assert "DistributedSampler: 360 evaluated, 1 counted twice" in text
     assert "ShardSampler:       359 evaluated, 0 counted twice" in text
+
+
+def test_padding_report_and_comparison_in_chinese(monkeypatch):
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    lines = padding_report(359, 2).splitlines()
+    assert lines[0] == "359 个样本分给 2 个 rank"
+    assert "1 个被算了两次" in lines[3] and "359 个" in lines[4]
+    shard, dist_ = lines[4].index("评估"), lines[3].index("评估")
+    assert text_width(lines[4][:shard]) == text_width(lines[3][:dist_])  # the two totals line up
+    out = compare_lines("a\nbb", "x\nbb y", [("a", "x"), ("", "bb")]).splitlines()
+    assert out[2].startswith("[ 2] 骨架") and out[2].endswith("| （缺失）")
+    assert all(text_width(line.split("|")[0]) == text_width(out[1].split("|")[0]) for line in out)
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert padding_report(359, 2).splitlines()[0] == "359 samples over 2 ranks"
+    assert compare_lines("a", "x", [("", "x")]).splitlines()[0] == "[ 1] skeleton    - | (missing)"
 
 
 def _predictable_model() -> torch.nn.Module:

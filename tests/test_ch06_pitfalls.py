@@ -229,6 +229,44 @@ def test_switchboard_figure_summary_and_widget():
     plt.close("all")
 
 
+def test_the_chinese_edition_explains_in_chinese(monkeypatch, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_utils.i18n import text_width
+
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert pitfalls.switch_label("no_zero_grad") == "optimizer.zero_grad() forgotten"
+    english = pitfalls.switchboard_summary().splitlines()
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    book = pitfalls.PitfallLedger()
+    book.check("a", "first", "loss", bug=True, fix=0.25, bug_seen=True, fixed=True)
+    assert capsys.readouterr().out == "first：loss：有 bug 时 是，修复后 0.2500（bug 已复现；修复有效）\n"
+    table = book.table().splitlines()
+    assert table[0].split() == ["#", "误区", "测量项", "有", "bug", "时", "修复后", "检查"]
+    assert table[2].split() == ["1", "first", "loss", "是", "0.2500", "通过"] and book.all_ok
+    assert text_width(table[1]) == text_width(table[0])  # the rule is as wide as the headings
+    with pytest.raises(AssertionError, match="修复没有奏效"):
+        book.check("b", "t", "m", bug=1, fix=1, bug_seen=True, fixed=False)
+    assert book.table().splitlines()[-1].endswith("失败")
+    summary = pitfalls.switchboard_summary().splitlines()
+    assert summary[0].split()[:2] == ["运行", "最终训练损失"] and summary[1].startswith("无错误")
+    assert len({text_width(line) for line in summary}) == 1  # numbers right-aligned under their headings
+    assert summary[1].split()[1:] == english[1].split()[2:]  # the same numbers
+    fig = pitfalls.switchboard_figure()
+    assert [ax.get_xlabel() for ax in fig.axes] == ["步数", "步数"]
+    assert fig._suptitle.get_text() == "打开的错误：忘记调用 optimizer.zero_grad()"
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["无错误（报告值）", "打开错误（报告值）"]
+    plt.close(fig)
+    ui = pitfalls.switchboard_widget()  # the default still switches the same mistake on
+    boxes = [c for c in ui.children if c.__class__.__name__ == "Checkbox"]
+    assert [(b.description, b.value) for b in boxes][1] == ("忘记调用 optimizer.zero_grad()", True)
+    assert sum(b.value for b in boxes) == 1 and "打开或关闭错误" in ui.children[0].value
+    plt.close("all")
+
+
 # ------------------------------------------------------------------------------ processes
 
 

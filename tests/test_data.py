@@ -118,3 +118,14 @@ def test_sampler_indices_refuses_nonsense(bad):
     kw = {"n": 10, "world_size": 2, "epoch": 0} | bad
     with pytest.raises(ValueError):
         sampler_indices(**kw)
+
+
+def test_problems_are_explained_in_the_courses_language(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "digits"
+    root.mkdir()
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert data.verify(root) == [f"MANIFEST.json is missing in {root}: run `python -m course_utils.data build`"]
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    assert data.verify(root) == [f"{root} 中缺少 MANIFEST.json：请运行 `python -m course_utils.data build`"]
+    assert data.main(["verify"]) == 0
+    assert "数据完好" in capsys.readouterr().out

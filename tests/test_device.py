@@ -68,3 +68,15 @@ def test_cpu_load_line(monkeypatch):
     assert "busy" in D.cpu_load()
     assert D.busy_warning(5.0, 2).startswith("WARNING: this machine is busy: load average 5.0 on 2 cores")
     assert D.busy_warning(2.0, 2) == D.busy_warning(None, 2) == ""
+
+
+def test_what_a_learner_reads_is_in_the_courses_language(monkeypatch):
+    monkeypatch.setattr(D.os, "getloadavg", lambda: (5.0, 0.0, 0.0), raising=False)
+    monkeypatch.setattr(D, "cpu_cores", lambda: 2)
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert describe(torch.device("cpu")) == "device: cpu"
+    assert D.cpu_load().startswith("load average 5.0 on 2 cores (busy")
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    assert describe(torch.device("cpu")) == "设备：cpu"
+    assert D.cpu_load().startswith("负载均值 5.0，2 个核心（繁忙")
+    assert D.busy_warning(5.0, 2).startswith("警告：这台机器正忙：负载均值 5.0")

@@ -114,7 +114,7 @@ def test_workshop_not_ready_names_the_first_failure_and_what_to_do(monkeypatch, 
                                                   dataloader=dict(run=_boom), distributed=dict(run=_boom)))
     assert doctor.main(["--workshop"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    fix = next(item.fix for item in doctor.WORKSHOP if item.name == "dataloader")
+    fix = next(item.fix() for item in doctor.WORKSHOP if item.name == "dataloader")
     assert lines[-1] == f"NOT READY: dataloader: {fix}"
     assert "--shm-size=1g" in fix and fix.endswith("then run `python -m course_utils doctor --workshop` again")
     line = next(line for line in lines if line.split()[1:2] == ["dataloader"])
@@ -134,22 +134,22 @@ def test_an_item_that_hangs_fails_at_its_timeout(monkeypatch):
         release.set()
     assert time.monotonic() - start < 5
     assert check.status == "FAIL" and check.detail.startswith("did not finish within 0.2 s")
-    assert doctor.verdict([check]) == f"NOT READY: autograd: {doctor.FIX_BUSY}"
-    assert "close other programs" in doctor.FIX_BUSY
+    assert doctor.verdict([check]) == f"NOT READY: autograd: {doctor.fix_busy()}"
+    assert "close other programs" in doctor.fix_busy()
 
 
 def test_a_failing_environment_check_is_not_ready_with_its_own_fix():
     checks = [doctor.Check("python", "OK", "Python 3.11"), doctor.Check("graphviz", "WARN", "`dot` not found"),
               doctor.check_package("torch", "2.14.1", version_of=lambda n: None)]
     assert doctor.verdict(checks[:2]) == "READY"  # a warning does not stop a learner
-    assert doctor.verdict(checks) == "NOT READY: torch: not installed: " + doctor.FIX_INSTALL
+    assert doctor.verdict(checks) == "NOT READY: torch: not installed: " + doctor.fix_install()
 
 
 def test_each_item_is_bounded_and_says_what_to_do():
     assert [item.name for item in doctor.WORKSHOP] == list(WORKSHOP_ITEMS)
     assert sum(item.timeout for item in doctor.WORKSHOP) <= 150
     for item in doctor.WORKSHOP:
-        assert item.fix.endswith(doctor.AGAIN), item.name
+        assert item.fix().endswith(doctor.again()), item.name
 
 
 def test_workshop_items_that_need_no_process_pass_here():
@@ -157,3 +157,43 @@ def test_workshop_items_that_need_no_process_pass_here():
         if item.name in ("autograd", "module", "ipywidgets"):
             check = doctor.run_item(item)
             assert check.status == "OK", check
+
+
+# --- the Chinese edition: the words change, the keywords and check names do not -------------------
+
+CHINESE = re.compile(r"[\u4e00-\u9fff]")
+
+
+def test_chinese_words_around_the_same_keywords(monkeypatch, capsys):
+    def checks():
+        return [doctor.check_python((3, 11)), doctor.check_graphviz(which=lambda name: None),
+                doctor.check_package("torch", "2.14.1", version_of=lambda n: None)]
+
+    monkeypatch.setenv("COURSE_LANG", "en")
+    english = checks()
+    assert english[2].detail == "not installed: run `make setup` (or `python tasks.py setup`) in the course folder"
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    chinese = checks()
+    assert [(c.name, c.status) for c in chinese] == [(c.name, c.status) for c in english]
+    assert all(CHINESE.search(c.detail) for c in chinese[1:]) and "make setup" in chinese[2].detail
+    assert doctor.verdict(chinese[:2]) == "READY"
+    assert doctor.verdict(chinese) == f"NOT READY: torch: {chinese[2].detail}"
+    for item in doctor.WORKSHOP:
+        fix = item.fix()
+        assert CHINESE.search(fix) and fix.endswith(doctor.again()) and "doctor --workshop" in fix, item.name
+    monkeypatch.setattr(doctor, "run_checks", checks)
+    assert doctor.main([]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[:3]] == [["OK", "python"], ["WARN", "graphviz"], ["FAIL", "torch"]]
+    assert lines[-1] == "共 3 项检查：1 OK，1 WARN，1 FAIL"
+
+
+def test_the_terminal_takes_the_language_from_course_lang():
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "doctor"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, env={**os.environ, "COURSE_LANG": "zh"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cpu = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["cpu"])
+    assert cpu.split()[0] in ("OK", "WARN") and "个核心" in cpu
+    assert "项检查：" in proc.stdout and "0 FAIL" in proc.stdout

@@ -320,6 +320,34 @@ def test_live_view_leaves_nothing_that_nbval_compares(monkeypatch, tmp_path):
     assert view.widget is None and len(calls) == 2
 
 
+def test_what_the_launcher_shows_speaks_the_course_language(monkeypatch, capsys, tmp_path):
+    """Title, status lines and failure summaries in Chinese for the Chinese edition; the ranks' own
+    output as they wrote it."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    title = launch._title("torchrun --standalone --nproc-per-node=2 a.py", "gloo", "warm")
+    assert title == "torchrun --standalone --nproc-per-node=2 a.py   [gloo，warm 引擎]"
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "stdout.log").write_text("hello\n")
+    logs = launch._Logs(2)
+    logs.read({0: tmp_path})
+    assert "</b>：运行中" in launch._Notebook(title)._html("运行中，1 秒", logs.last())
+    launch._Terminal(title)
+    launch._Notebook(title).end(logs, "failure")
+    err = capsys.readouterr().err
+    assert err == f"[启动器] {title}\n[启动器] 失败之前各 rank 打印的内容：\n[rank 0] hello\n"
+    job = SimpleNamespace(failures=lambda: ({1: -9}, 1), output=lambda: "")
+    info = {"log_dir": "/tmp/x", "logs": ["", ""], "stderr": ["", "boom\nValueError: bad\n"], "elapsed": 1.0}
+    exc = launch._failure(job, 1, "a.py", 2, **info)
+    assert str(exc).startswith("rank 1（共 2 个 rank）运行 a.py 时失败，退出码 -9（SIGKILL：")
+    assert "    ValueError: bad" in str(exc) and exc.error == "ValueError: bad"
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert launch._title("torchrun a.py", "gloo", "warm") == "torchrun a.py   [gloo, warm engine]"
+    assert str(launch._failure(job, 1, "a.py", 2, **info)).startswith(
+        "rank 1 of 2 failed with exit code -9 (SIGKILL: killed, often")
+
+
 def test_cli_exit_codes_without_launching(monkeypatch, capsys):
     def fake(exc):
         def run(*a, **k):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from course_utils import ROOT, progress
+from course_utils.i18n import text_width
 
 
 @pytest.fixture(autouse=True)
@@ -251,3 +252,27 @@ def test_enable_says_when_the_variable_overrides_it(monkeypatch, capsys):
 def test_the_engine_imports_it_without_torch():
     code = "import sys, course_utils.progress; assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+# --- the Chinese edition ----------------------------------------------------------------------------
+
+
+def test_the_table_and_messages_in_chinese_stay_aligned(private_file, monkeypatch, capsys):
+    known = {"ch00": ["Practice"], "ch01": ["Q1", "Q2", "Q3"]}
+    records = [rec("ch01", "Q1", "correct"), rec("ch01", "Q2", "incorrect")]
+    titles = {"ch00": "00_start_here", "ch01": "01_autograd"}
+    monkeypatch.setenv("COURSE_LANG", "en")
+    english = progress.format_table(progress.summarise(records, known), titles).splitlines()
+    assert english[0].split() == ["chapter", "Practice", "Q1", "Q2", "Q3", "done"]
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    table = progress.format_table(progress.summarise(records, known), titles).splitlines()
+    assert table[0].split() == ["章节", "Practice", "Q1", "Q2", "Q3", "已完成"]
+    assert table[2].split() == ["01_autograd", "已完成", "已尝试", "尚未作答", "1/3"]
+    # every row's last column starts at the same terminal column (a Chinese character is two wide)
+    assert len({text_width(line) - text_width(line.split()[-1]) for line in table}) == 1
+    assert progress.recording() == (False, "已关闭（用 `python -m course_utils progress --enable` 打开）")
+    assert progress.main([]) == 0
+    out = capsys.readouterr().out
+    total = sum(len(names) for names in progress.chapters().values())
+    assert f"合计：共 {total} 道练习，已完成 0 道，已尝试 0 道，尚未作答 {total} 道" in out
+    assert "只保存在这台电脑上" in out and "进度记录已关闭" in out
