@@ -911,7 +911,7 @@ def _failure(job: _Torchrun | _Warm, rc: int, script: str, nproc: int, **info: A
         exit_ = _describe_exit(code)
         head = tr(f"rank {rank} of {nproc} failed with {exit_} running {script}\n"
                   "Last lines of its error output:",
-                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败，{exit_}\n它的错误输出的最后几行：")
+                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败，{exit_}\n其错误输出的最后几行：")
         log = Path(where, f"rank{rank}.stderr.log")
         foot = tr(f"Its full log: {log} (every rank's logs are in {where})",
                   f"它的完整日志：{log}（所有 rank 的日志都在 {where} 中）")
@@ -993,8 +993,8 @@ def torchrun(
             "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
             "rank never made the same call.\n"
             f"Logs of each rank R: {log_dir}/rankR.stdout.log and rankR.stderr.log",
-            f"{script_str}（{nproc} 个进程）没有在 {timeout:g} 秒的超时时间内结束，因此作业的所有进程都已停止。\n"
-            "某个 rank 一直在等待（在 all_reduce、barrier 等调用中），通常意味着另一个 rank 从未执行同样的调用。\n"
+            f"{script_str}（{nproc} 个进程）超过了 {timeout:g} 秒的时限仍未结束，作业的所有进程已被停止。\n"
+            "某个 rank 一直卡在等待中（all_reduce、barrier 等），通常是因为另一个 rank 始终没有执行同一个调用。\n"
             f"每个 rank R 的日志：{log_dir}/rankR.stdout.log 和 rankR.stderr.log",
         ), **info)
     if rc != 0:
