@@ -41,6 +41,9 @@ LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping ans
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
 # charged), up to core.MAX_STRETCH times: slower than that is "slow", much slower a hang.
 SLOW_S = MAX_STRETCH * LIMIT_S + 5
+# Hostile answers (sleeping, spinning, ...) meet the same limit mechanism with a shorter limit: any verdict
+# but Correct is right for them, so a check that runs out of time is fine, and a sleeping answer costs 1 s.
+HOSTILE_LIMIT_S = 1.0
 HANG_S = float(os.environ.get("SIM_HANG_S", SLOW_S + 10))
 
 
@@ -1267,6 +1270,9 @@ def simulate(mod_name, q_name):
     ex = getattr(importlib.import_module(f"course_utils.exercises.{mod_name}"), q_name)
     plan = SIMULATION[(mod_name, q_name)]
     rows = []
+    from course_utils.exercises import core
+
+    limit = core.TIME_LIMIT_S
     threads_before = set(threading.enumerate())
     answers = [("right", k, f) for k, f in plan["right"].items()]
     answers += [("wrong", k, f) for k, f in plan["wrong"].items()]
@@ -1276,7 +1282,11 @@ def simulate(mod_name, q_name):
         snap = _snapshot(answer)
         torch.manual_seed(1234)
         before = _session_state()
-        result, took = _timed(lambda answer=answer: ex.check(answer))
+        core.TIME_LIMIT_S = HOSTILE_LIMIT_S if kind == "hostile" else limit
+        try:
+            result, took = _timed(lambda answer=answer: ex.check(answer))
+        finally:
+            core.TIME_LIMIT_S = limit
         changed = _changed(before, _session_state())
         problem = None
         if result is None:
