@@ -423,3 +423,90 @@ def test_backward_walk_that_asks_autograd_with_retain_graph_is_refused():
 
     assert ch01.q5.check(asks_autograd).message == ch01.q5.reasons["autograd_grad"]
     assert torch.autograd.grad.__module__ == "torch.autograd"  # put back
+
+
+# ------------------------------------------------------------------------------ the Chinese edition
+
+# English that a Chinese verdict must not contain (code and API names, in or out of backticks, may stay)
+_ENGLISH = ("should be", "but it is", "your answer", "was expected", "holds", "a tensor", "the ", " of ",
+            "For ", "returns", "a function", "a list", "a str", "an int", "please", ": ")
+
+
+def _wrong_answers():
+    """A wrong answer of each kind of verdict the engine words itself: a form problem, a tip, values that
+    differ (a tensor, a number, a named fact), an Incorrect raised by a chapter's code, a wrong form."""
+    from course_utils.exercises import ch00, ch01, ch02, ch04, ch06
+
+    return [
+        (ch00.q1, "abc", "[练习] 不正确：squares 应该是一个 torch.Tensor，但它是一个字符串。",
+         "[Practice] Incorrect: squares should be a torch.Tensor, but it is a str."),
+        (ch00.q1, np.arange(1, 11) ** 2,
+         "[练习] 不正确：squares 应该是一个 torch.Tensor，但它是一个 numpy 数组。`torch.from_numpy(a)` 可以把 numpy 数组变成张量。",
+         "[Practice] Incorrect: squares should be a torch.Tensor, but it is an ndarray. `torch.from_numpy(a)` turns a numpy array into one."),
+        (ch00.q1, torch.arange(1, 12) ** 2, "[练习] 不正确：squares 的形状是 (11,)，但应该是 (10,)。",
+         "[Practice] Incorrect: the shape of squares is (11,), but it should be (10,)."),
+        (ch01.q3, lambda f, x, v: torch.zeros_like(x),
+         "[Q3] 不正确：对于 f(x) = (x**3).sum() + x[0] * x[1]，在 x = [0.5, -1.0, 2.0]、v = [1.0, 2.0, -0.5] 处，"
+         "`hvp` 的返回值在索引 (1,) 处是 0，而预期是 -11。",
+         "[Q3] Incorrect: For f(x) = (x**3).sum() + x[0] * x[1] at x = [0.5, -1.0, 2.0], v = [1.0, 2.0, -0.5], "
+         "what `hvp` returns holds 0 at index (1,) where -11 was expected."),
+        (ch01.q5, lambda out: {}, "[Q5] 不正确：这个 dict 中没有叶子张量 x 的条目：它的键应该是叶子张量本身"
+         "（AccumulateGrad 节点的 .variable）；它是空的。",
+         "[Q5] Incorrect: the dict has no entry for the leaf x: its keys should be the leaf tensors themselves "
+         "(an AccumulateGrad node's .variable); it is empty."),
+        (ch02.q3, 3.5, "[Q3] 不正确：你数出的个数应该是一个整数，但它是 3.5。",
+         "[Q3] Incorrect: your count should be a whole number, but it is 3.5."),
+        (ch04.q1, "0 3", "[Q1] 不正确：你的答案应该是一个由整数组成的列表，但它是一个字符串。",
+         "[Q1] Incorrect: your answer should be a list of whole numbers, but it is a str."),
+        (ch06.q3, lambda model, x, y: 0.5, "[Q3] 不正确：对于种子为 1 的模型和数据，准确率是 0.5000，但应该是 0.3750。",
+         "[Q3] Incorrect: For the model and data of seed 1, the accuracy is 0.5000, but it should be 0.3750."),
+        (ch06.q4, lambda *args: None, "[Q4] 不正确：make_loader 应该返回一个 DataLoader，而不是 None。",
+         "[Q4] Incorrect: make_loader should return a DataLoader, not a NoneType."),
+        (ch06.q2, 3, "[Q2] 不正确：请传入函数本身，`q2.check(accumulate_step)`（不要调用它），而不是一个整数。",
+         "[Q2] Incorrect: pass your function itself, `q2.check(accumulate_step)` (without calling it), not an int."),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_wrong_answers())))
+def test_a_verdict_reads_in_chinese_in_the_chinese_edition_and_in_english_otherwise(i, monkeypatch):
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    ex, answer, chinese, english = _wrong_answers()[i]
+    result = ex.check(answer)
+    assert repr(result) == chinese
+    assert not [w for w in _ENGLISH if w in result.message], result.message
+    assert "：" in result._repr_html_()
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert repr(ex.check(answer)) == english
+
+
+def test_the_engines_own_words_in_chinese(monkeypatch):
+    monkeypatch.setenv("COURSE_LANG", "zh")
+
+    class Box:
+        pass
+
+    assert [core.kind(x) for x in (torch.zeros(3), Box, len, [1], 3, None, Box())] == [
+        "形状为 (3,) 的张量", "类 Box", "一个函数", "一个列表", "一个整数", "None", "一个 Box"]
+    with pytest.raises(Incorrect, match="^你的答案应该是一个数，但它是一个字符串。$"):
+        as_number("3")
+    with pytest.raises(Incorrect, match="^你的答案的每一项应该是一个整数，但它是 1.5。$"):
+        as_ints([1, 1.5])
+    with pytest.raises(Incorrect, match=r"^x\.grad 应该是一个 torch\.Tensor，但它是一个 numpy 数组。`torch\.from_numpy"):
+        as_tensor(np.zeros(2), "x.grad")
+    assert core.spaced("x", "的梯度是", "0.5", "，而不是", "一个列表", "。") == "x 的梯度是 0.5，而不是一个列表。"
+    def double(x):
+        return 2 * x
+
+    ex = Exercise("Q", double, prompt="p", hints=["h"], cases=lambda: [(1,)], describe=lambda c: f"当 x={c[0]} 时")
+    assert ex.check(lambda x: [2 * x]).message == "当 x=1 时，`double` 的返回值是 [2]，但应该是 2。"
+    assert ex.check(lambda x: "二").message == "当 x=1 时，`double` 的返回值是“二”，但应该是 2。"
+    assert repr(_ex().hint(1)).startswith("Q · 提示 1/2")
+
+
+@pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
+def test_in_chinese_the_model_answer_passes_and_each_mistake_still_gets_its_reason(mod, ex, monkeypatch):
+    """The facts' names are Chinese there: the model answer's and the learner's must still line up."""
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    assert ex.check(ex.reference()).status == "correct"
+    for name, answer in ex.mistakes.items():
+        assert ex.check(answer).message == ex.reasons[name]

@@ -2,6 +2,7 @@
 
 import torch
 
+from ..i18n import tr
 from .core import Exercise, as_tensor
 
 
@@ -12,8 +13,9 @@ def make_squares():
 def _facts(answer, _):
     t = as_tensor(answer, "squares")
     whole = not (t.is_floating_point() or t.is_complex())
-    yield "the shape of squares", tuple(t.shape)
-    yield "its numbers", {torch.bool: "true/false"}.get(t.dtype, "whole" if whole else "fractional")
+    yield tr("the shape of squares", "squares 的形状"), tuple(t.shape)
+    numbers = tr("whole", "整数") if whole else tr("fractional", "小数")
+    yield tr("its numbers", "其中的数"), {torch.bool: tr("true/false", "布尔值（true/false）")}.get(t.dtype, numbers)
     yield "squares", t
 
 

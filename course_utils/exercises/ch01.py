@@ -5,7 +5,8 @@ from unittest import mock
 
 import torch
 
-from .core import Exercise, Incorrect, as_number, as_tensor, kind, take, variant
+from ..i18n import tr
+from .core import Exercise, Incorrect, as_number, as_tensor, kind, spaced, take, variant
 
 
 def answer_q1():
@@ -40,7 +41,7 @@ def _apply(cls, case):
     out = cls.apply(x)
     (grad,) = torch.autograd.grad(out, x, grad_output)
     yield "MySigmoid.apply(x)", out.detach()
-    yield "the gradient your backward() returns", as_tensor(grad)
+    yield tr("the gradient your backward() returns", "你的 backward() 返回的梯度"), as_tensor(grad)
 
 
 def _cases_q2():
@@ -55,8 +56,9 @@ q2 = Exercise(
     form=torch.autograd.Function,
     cases=_cases_q2,
     observe=_apply,
-    describe=lambda c: (
-        f"for x = {[round(v, 3) for v in c[0].tolist()]} and grad_output = {[round(v, 3) for v in c[1].tolist()]}"
+    describe=lambda c: tr(
+        f"for x = {[round(v, 3) for v in c[0].tolist()]} and grad_output = {[round(v, 3) for v in c[1].tolist()]}",
+        f"当 x = {[round(v, 3) for v in c[0].tolist()]}、grad_output = {[round(v, 3) for v in c[1].tolist()]} 时",
     ),
     mistakes=dict(
         ignores_grad_output=variant(MySigmoid, "grad_output * result", "result"),
@@ -113,7 +115,10 @@ q3 = Exercise(
     observe=lambda fn, c: as_tensor(
         fn(c[0], c[1].clone().requires_grad_(True), c[2].clone()), "hvp(f, x, v)"
     ),
-    describe=lambda c: f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}, v = {c[2].tolist()}",
+    describe=lambda c: tr(
+        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}, v = {c[2].tolist()}",
+        f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()}、v = {c[2].tolist()} 处",
+    ),
     mistakes=dict(
         retain_not_create=variant(hvp, "create_graph=True", "retain_graph=True"),
         first_derivative=_grad,
@@ -146,7 +151,9 @@ q4 = Exercise(
     numerical_grad,
     cases=_cases_q4,
     observe=lambda fn, c: as_tensor(fn(c[0], c[1].clone()), "numerical_grad(f, x)"),
-    describe=lambda c: f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}",
+    describe=lambda c: tr(
+        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}", f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
+    ),
     tol=(1e-7, 1e-9),  # float64, as the task asks
     mistakes=dict(
         one_sided=variant(numerical_grad, "f(x_minus)) / (2 * eps)", "f(x)) / eps"),
@@ -206,14 +213,14 @@ def _graph_state(out, leaves, calls):
     if calls:
         return calls[0]
     if any(leaf.grad is not None for leaf in leaves.values()):
-        return "filled the leaves' .grad"
+        return tr("filled the leaves' .grad", "填充了叶子张量的 .grad")
     for node in _nodes(out):
         for attr in (a for a in dir(node) if a.startswith("_saved_")):
             try:
                 getattr(node, attr)
             except RuntimeError:
-                return "freed the graph's saved tensors"
-    return "left the graph and the leaves as they were"
+                return tr("freed the graph's saved tensors", "释放了计算图保存的张量")
+    return tr("left the graph and the leaves as they were", "没有改动计算图和叶子张量")
 
 
 def _nodes(out):
@@ -230,22 +237,28 @@ def _observe_q5(fn, case):
         mock.patch("torch.autograd.grad", wraps=torch.autograd.grad) as grad,
     ):
         grads = fn(out)
-    calls = ["called backward()"] * backward.called + ["called torch.autograd.grad"] * grad.called
+    calls = [tr("called backward()", "调用了 backward()")] * backward.called
+    calls += [tr("called torch.autograd.grad", "调用了 torch.autograd.grad")] * grad.called
     if not isinstance(grads, dict):
-        raise Incorrect(
-            f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}."
-        )
-    yield "what your function did to the graph", _graph_state(out, leaves, calls)
+        raise Incorrect(tr(
+            f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}.",
+            spaced("backward_walk(out) 应该返回一个 dict {叶子张量: 梯度}，但它返回的是", kind(grads), "。"),
+        ))
+    yield tr("what your function did to the graph", "你的函数对计算图的影响"), _graph_state(out, leaves, calls)
     for name, leaf in leaves.items():
         if leaf not in grads:
             keys = take(grads.keys(), 3)
             if keys and all(isinstance(k, torch.Tensor) for k in keys):
-                why = "your walk did not reach it. Follow every entry of node.next_functions, down to the AccumulateGrad nodes."
+                why = tr("your walk did not reach it. Follow every entry of node.next_functions, down to the AccumulateGrad nodes.",
+                         "你的遍历没有到达它。要沿着 node.next_functions 的每一项，一直走到 AccumulateGrad 节点。")
             else:
-                found = f"its keys are: {', '.join(map(kind, keys))}." if keys else "it is empty."
-                why = f"its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); {found}"
-            raise Incorrect(f"the dict has no entry for the leaf {name}: {why}")
-        yield f"the gradient for {name}", as_tensor(grads[leaf], f"the gradient for {name}")
+                found = tr(f"its keys are: {', '.join(map(kind, keys))}.", f"它的键是：{'、'.join(map(kind, keys))}。")
+                found = found if keys else tr("it is empty.", "它是空的。")
+                why = tr(f"its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); {found}",
+                         f"它的键应该是叶子张量本身（AccumulateGrad 节点的 .variable）；{found}")
+            raise Incorrect(tr(f"the dict has no entry for the leaf {name}: {why}", f"这个 dict 中没有叶子张量 {name} 的条目：{why}"))
+        gradient = tr(f"the gradient for {name}", f"{name} 的梯度")
+        yield gradient, as_tensor(grads[leaf], gradient)
 
 
 def _leaves(out):
@@ -269,7 +282,10 @@ q5 = Exercise(
     backward_walk,
     cases=_cases_q5,
     observe=_observe_q5,
-    describe=lambda c: f"for out = {c[2]} at {', '.join(f'{k} = {v}' for k, v in c[3].items())}",
+    describe=lambda c: tr(
+        f"for out = {c[2]} at {', '.join(f'{k} = {v}' for k, v in c[3].items())}",
+        f"对于 out = {c[2]}，在 {'、'.join(f'{k} = {v}' for k, v in c[3].items())} 处",
+    ),
     mistakes=dict(
         called_backward=_mistake_backward,
         autograd_grad=lambda out: dict(zip(*_autograd_grads(out), strict=True)),

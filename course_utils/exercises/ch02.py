@@ -3,7 +3,8 @@
 import torch
 from torch import nn
 
-from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, take, variant
+from ..i18n import tr
+from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, spaced, take, variant
 from .shared import module_facts
 
 
@@ -46,7 +47,7 @@ q1 = Exercise(
     form=nn.Module,
     cases=lambda: [torch.rand(4, 1, 28, 28), torch.rand(3, 1, 28, 28) * 2 - 1],  # seeded
     observe=lambda cls, x: module_facts(cls, FixedNet, x),
-    describe=lambda x: f"for a batch of shape {tuple(x.shape)}",
+    describe=lambda x: tr(f"for a batch of shape {tuple(x.shape)}", f"对于形状为 {tuple(x.shape)} 的批次"),
     mistakes=dict(
         plain_list=ListNet,
         half_registered=_HalfFixed,
@@ -74,12 +75,13 @@ def _scale_facts(cls, factor):
     x = torch.linspace(-1, 1, 4 * factor.numel()).reshape(4, *factor.shape)
     with torch.no_grad():
         out = as_tensor(m(x), "forward(x)")
-    yield "the parameters", [n for n, _ in m.named_parameters()]
-    yield "the buffers", [n for n, _ in m.named_buffers()]
+    yield tr("the parameters", "参数"), [n for n, _ in m.named_parameters()]
+    yield tr("the buffers", "缓冲区"), [n for n, _ in m.named_buffers()]
     yield "'factor' in state_dict()", "factor" in m.state_dict()
     yield "forward(x)", out
     moved = dict(m.to(torch.float64).named_buffers()).get("factor")
-    yield "the buffer's dtype after .to(torch.float64)", None if moved is None else str(moved.dtype)
+    buffer_dtype = tr("the buffer's dtype after .to(torch.float64)", ".to(torch.float64) 之后缓冲区的 dtype")
+    yield buffer_dtype, None if moved is None else str(moved.dtype)
 
 
 q2 = Exercise(
@@ -88,7 +90,7 @@ q2 = Exercise(
     form=nn.Module,
     cases=lambda: [torch.tensor([2.0, 3.0]), torch.tensor(0.5), torch.tensor([-1.0, 4.0, 0.25])],
     observe=_scale_facts,
-    describe=lambda f: f"for factor = {f.tolist()}",
+    describe=lambda f: tr(f"for factor = {f.tolist()}", f"当 factor = {f.tolist()} 时"),
     mistakes=dict(
         plain_attribute=variant(Scale, _BUFFER, "factor = factor"),
         persistent=variant(Scale, ", persistent=False", ""),
@@ -129,7 +131,7 @@ q3 = Exercise(
     "Q3",
     count_q3,
     form="value",
-    observe=lambda answer, _: as_number(answer, "your count", whole=True),
+    observe=lambda answer, _: as_number(answer, tr("your count", "你数出的个数"), whole=True),
     mistakes=dict(
         bias_on_conv2=Q3_ANSWER + 32,
         running_stats=Q3_ANSWER + 96,
@@ -173,11 +175,13 @@ def _pairs(fn, case):
     try:
         pairs = [(str(n), tuple(as_ints(take(s, 8)))) for n, s in take(out)]
     except (TypeError, ValueError, Incorrect):
-        raise Incorrect(
-            f"return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {type(out).__name__}."
-        ) from None
+        raise Incorrect(tr(
+            f"return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {type(out).__name__}.",
+            spaced("请返回一个由 (name, shape) 对组成的列表，例如 [('0', (5, 784)), ...]，而不是", kind(out), "。"),
+        )) from None
     left = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-    return {"the (name, shape) pairs": pairs, "the number of hooks left on the model": left}
+    return {tr("the (name, shape) pairs", "(name, shape) 对"): pairs,
+            tr("the number of hooks left on the model", "模型上残留的钩子个数"): left}
 
 
 q4 = Exercise(
@@ -185,8 +189,9 @@ q4 = Exercise(
     record_output_shapes,
     cases=_hook_cases,
     observe=_pairs,
-    describe=lambda c: (
-        f"for x of shape {tuple(c[1].shape)} through a model with leaves {[n for n, m in c[0].named_modules() if not list(m.children())]}"
+    describe=lambda c: tr(
+        f"for x of shape {tuple(c[1].shape)} through a model with leaves {[n for n, m in c[0].named_modules() if not list(m.children())]}",
+        f"对于形状为 {tuple(c[1].shape)} 的 x，经过叶子模块为 {[n for n, m in c[0].named_modules() if not list(m.children())]} 的模型时",
     ),
     mistakes=dict(
         hooks_left=variant(record_output_shapes, "h.remove()", "pass"),

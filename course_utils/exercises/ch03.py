@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ..data import image_paths, load_image
-from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, take, variant
+from ..i18n import tr
+from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, spaced, take, variant
 
 
 class MyDataset(Dataset):
@@ -34,12 +35,14 @@ def _files():
 
 def _item(pair: Any, i: int) -> tuple:
     if not isinstance(pair, tuple | list) or len(pair) != 2:
-        raise Incorrect(
-            f"`dataset[{i}]` should return a pair `(image, label)`, but it returns {kind(pair)}. Without the label the DataLoader has nothing to train against."
-        )
+        raise Incorrect(tr(
+            f"`dataset[{i}]` should return a pair `(image, label)`, but it returns {kind(pair)}. Without the label the DataLoader has nothing to train against.",
+            spaced(f"`dataset[{i}]` 应该返回一个二元组 `(image, label)`，但它返回的是", kind(pair),
+                   "。没有标签，DataLoader 就没有可以用来训练的目标。"),
+        ))
     image, label = pair
     image = image.detach() if isinstance(image, torch.Tensor) else image
-    return image, as_number(label, f"the label of `dataset[{i}]`", whole=True)
+    return image, as_number(label, tr(f"the label of `dataset[{i}]`", f"`dataset[{i}]` 的标签"), whole=True)
 
 
 def _dataset_facts(cls, case):
@@ -51,13 +54,17 @@ def _dataset_facts(cls, case):
     for transform in (None, ToTensor()):
         ds = cls(list(paths), list(labels), transform=transform)
         w = " with transform=ToTensor()" if transform else ""
+        zh = "使用 transform=ToTensor() 时，" if transform else ""
         for i in range(len(paths)):
             image, label = _item(ds[i], i)
-            yield f"the label of dataset[{i}]{w}", label
-            what = "a tensor" if isinstance(image, torch.Tensor) else "a PIL image or array"
-            yield f"the kind of image dataset[{i}] returns{w}", what
-            yield f"the image shape of dataset[{i}]{w}", tuple(np.shape(image))
-            yield f"the image of dataset[{i}]{w}", torch.as_tensor(np.array(image))
+            yield tr(f"the label of dataset[{i}]{w}", f"{zh}dataset[{i}] 的标签"), label
+            if isinstance(image, torch.Tensor):
+                what = tr("a tensor", "张量")
+            else:
+                what = tr("a PIL image or array", "PIL 图像或数组")
+            yield tr(f"the kind of image dataset[{i}] returns{w}", f"{zh}dataset[{i}] 返回的图像类型"), what
+            yield tr(f"the image shape of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像形状"), tuple(np.shape(image))
+            yield tr(f"the image of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像"), torch.as_tensor(np.array(image))
 
 
 q1 = Exercise(
@@ -66,7 +73,8 @@ q1 = Exercise(
     form=Dataset,
     cases=_files,
     observe=_dataset_facts,
-    describe=lambda c: f"for the {len(c[0])} files {[p.name for p in c[0]]}",
+    describe=lambda c: tr(f"for the {len(c[0])} files {[p.name for p in c[0]]}",
+                          f"对于 {len(c[0])} 个文件 {[p.name for p in c[0]]}"),
     mistakes=dict(
         no_transform=variant(MyDataset, "if self.transform is not None:", "if False:"),
         no_label=variant(MyDataset, "return image, self.labels[idx]", "return image"),
@@ -98,8 +106,9 @@ def _collate_facts(fn, batch):
     out = fn([(s.clone(), y) for s, y in batch])
     if not isinstance(out, tuple | list):
         it = kind(out)
-        raise Incorrect(f"`collate(batch)` should return `(padded, lengths, labels)`, not {it}.")
-    yield "the number of things returned", len(out)
+        raise Incorrect(tr(f"`collate(batch)` should return `(padded, lengths, labels)`, not {it}.",
+                           spaced("`collate(batch)` 应该返回 `(padded, lengths, labels)`，而不是", it, "。")))
+    yield tr("the number of things returned", "返回值的个数"), len(out)
     padded, lengths, labels = out
     yield "padded", as_tensor(padded, "`padded`")
     yield "lengths", as_ints(as_tensor(lengths, "`lengths`"), "`lengths`")
@@ -111,7 +120,7 @@ q2 = Exercise(
     collate,
     cases=_batches,
     observe=_collate_facts,
-    describe=lambda b: f"for the batch {[(s.tolist(), y) for s, y in b]}",
+    describe=lambda b: tr(f"for the batch {[(s.tolist(), y) for s, y in b]}", f"对于批次 {[(s.tolist(), y) for s, y in b]}"),
     mistakes=dict(
         no_lengths=lambda batch: collate(batch)[::2],
         truncated=variant(
@@ -157,9 +166,9 @@ q3 = Exercise(
     form=IterableDataset,
     cases=lambda: [(10, 0), (10, 2), (10, 3), (11, 4), (3, 4)],
     observe=lambda cls, c: {
-        "the items delivered (sorted)": sorted(_as_workers(cls(c[0]), c[1], limit=c[0] + 1))
+        tr("the items delivered (sorted)", "产出的数据项（排序后）"): sorted(_as_workers(cls(c[0]), c[1], limit=c[0] + 1))
     },
-    describe=lambda c: f"for n={c[0]} with num_workers={c[1]}",
+    describe=lambda c: tr(f"for n={c[0]} with num_workers={c[1]}", f"当 n={c[0]}、num_workers={c[1]} 时"),
     mistakes=dict(
         every_worker_all=variant(ShardedRange, "range(worker, self.n, workers)", "range(self.n)"),
         remainder_lost=variant(
@@ -178,11 +187,11 @@ def balanced_weights(labels):
 
 def _weight_facts(fn, labels):
     w = as_tensor(fn(labels.clone()), "`balanced_weights(labels)`")
-    yield "the shape of the weights", tuple(w.shape)
+    yield tr("the shape of the weights", "权重的形状"), tuple(w.shape)
     w = w.double()
-    yield "every weight is positive", bool((w > 0).all())
+    yield tr("every weight is positive", "“所有权重都为正”"), bool((w > 0).all())
     per_class = torch.stack([w[labels == c].sum() for c in labels.unique()])
-    yield "the share of draws each class gets", per_class / per_class.sum()
+    yield tr("the share of draws each class gets", "每个类别被抽中的比例"), per_class / per_class.sum()
 
 
 _LABELS = ([0, 0, 0, 0, 1, 2, 2, 0, 1, 0], [3, 1, 1, 3, 3, 3, 3], [2, 0, 2, 2])
@@ -191,7 +200,7 @@ q4 = Exercise(
     balanced_weights,
     cases=lambda: [torch.tensor(labels) for labels in _LABELS],
     observe=_weight_facts,
-    describe=lambda labels: f"for labels {labels.tolist()}",
+    describe=lambda labels: tr(f"for labels {labels.tolist()}", f"对于标签 {labels.tolist()}"),
     mistakes=dict(
         per_class=lambda labels: 1.0 / torch.bincount(labels).double(),
         proportional=lambda labels: torch.bincount(labels)[labels].double(),
@@ -221,7 +230,8 @@ def _timings():
 
 def _pick_facts(fn, seconds):
     shown = {w: list(t) for w, t in seconds.items()}
-    yield "the num_workers picked", as_number(fn(shown), "`pick_num_workers(seconds)`", whole=True)
+    picked = as_number(fn(shown), "`pick_num_workers(seconds)`", whole=True)
+    yield tr("the num_workers picked", "选出的 num_workers"), picked
 
 
 q5 = Exercise(
@@ -229,7 +239,7 @@ q5 = Exercise(
     pick_num_workers,
     cases=_timings,
     observe=_pick_facts,
-    describe=lambda s: f"for seconds = {s}",
+    describe=lambda s: tr(f"for seconds = {s}", f"当 seconds = {s} 时"),
     mistakes=dict(
         fastest=variant(pick_num_workers, "m <= 1.05 * best", "m == best"),
         mean=variant(pick_num_workers, "sorted(times)[len(times) // 2]", "sum(times) / len(times)"),

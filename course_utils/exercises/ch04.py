@@ -4,6 +4,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ..data import sampler_indices
+from ..i18n import tr
 from .core import Exercise, as_ints, as_number, take, variant
 from .shared import fake_dist, numbers_on_ranks
 
@@ -22,7 +23,7 @@ q1 = Exercise(
     "Q1",
     answer_q1,
     form="value",
-    observe=lambda answer, _: as_ints(answer, "your answer"),
+    observe=lambda answer, _: as_ints(answer),  # named "your answer" in its message
     mistakes=dict(
         epoch_zero=_EPOCH0,
         rank_zero=_SHARES[0],
@@ -45,7 +46,7 @@ q2 = Exercise(
     global_accuracy,
     cases=lambda: _SHARDS,
     observe=lambda fn, s: numbers_on_ranks(fn, s, lambda r, w, c, t: (c, t, fake_dist(r, w))),
-    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
+    describe=lambda s: tr(f"for (correct, total) = {s} on {len(s)} ranks", f"当 {len(s)} 个 rank 上的 (correct, total) = {s} 时"),
     mistakes=dict(
         mean_of_accuracies=variant(global_accuracy, "[correct, total]", "[correct / total, 1.0]"),
         not_reduced=variant(global_accuracy, "dist.all_reduce(counts)", "pass"),
@@ -67,7 +68,8 @@ def _orders(fn, c):
     n, world, r, epochs = c
     sampler = DistributedSampler(list(range(n)), num_replicas=world, rank=r, shuffle=True, seed=0)
     out = fn(sampler, epochs)
-    return {"the orders": [as_ints(e, "each epoch's indices") for e in take(out, epochs + 1)]}
+    orders = [as_ints(e, tr("each epoch's indices", "每个 epoch 的索引")) for e in take(out, epochs + 1)]
+    return {tr("the orders", "各个 epoch 的顺序"): orders}
 
 
 q3 = Exercise(
@@ -75,7 +77,10 @@ q3 = Exercise(
     epoch_orders,
     cases=lambda: [(12, 2, 1, 3), (10, 3, 0, 2), (7, 2, 1, 4)],
     observe=_orders,
-    describe=lambda c: f"for a sampler over {c[0]} items, rank {c[2]} of {c[1]}, and epochs={c[3]}",
+    describe=lambda c: tr(
+        f"for a sampler over {c[0]} items, rank {c[2]} of {c[1]}, and epochs={c[3]}",
+        f"对于一个覆盖 {c[0]} 个数据项的采样器，在 {c[1]} 个 rank 中的 rank {c[2]} 上，epochs={c[3]} 时",
+    ),
     mistakes=dict(
         no_set_epoch=variant(epoch_orders, "sampler.set_epoch(epoch)", "pass"),
         set_epoch_after=variant(
@@ -95,7 +100,7 @@ q4 = Exercise(
     "Q4",
     answer_q4,
     form="value",
-    observe=lambda answer, _: as_number(answer, "the batch size", whole=True),
+    observe=lambda answer, _: as_number(answer, tr("the batch size", "批次大小"), whole=True),
     mistakes=dict(one_micro_batch=16, one_rank=32, no_accumulation=64),
 )
 

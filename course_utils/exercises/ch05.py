@@ -13,6 +13,7 @@ from unittest import mock
 import torch
 from torch.utils.data import DistributedSampler
 
+from ..i18n import tr
 from .core import Exercise, as_ints, as_number, variant
 from .shared import numbers_on_ranks
 
@@ -41,7 +42,7 @@ q1 = Exercise(
     global_accuracy,
     cases=lambda: _SHARDS,
     observe=lambda fn, s: numbers_on_ranks(fn, s, _rank_args),
-    describe=lambda s: f"for (correct, total) = {s} on {len(s)} ranks",
+    describe=lambda s: tr(f"for (correct, total) = {s} on {len(s)} ranks", f"当 {len(s)} 个 rank 上的 (correct, total) = {s} 时"),
     mistakes=dict(
         mean_of_accuracies=variant(
             global_accuracy, "[correct, total]", "[correct / total, total / total]"
@@ -84,15 +85,16 @@ def _resume_facts(fn, case):
     ckpt = copy.deepcopy({**ckpt, "scheduler": sched.state_dict()})
     model, opt, sched = _run(1, len(data))  # a fresh run: other weights, the schedule at step 0
     start = fn(ckpt, model, opt, sched)
-    yield "the model's weights", model.weight.detach().clone()
+    yield tr("the model's weights", "模型的权重"), model.weight.detach().clone()
     exp_avg = opt.state_dict()["state"].get(0, {}).get("exp_avg")
-    yield "AdamW's running average of the gradients", None if exp_avg is None else exp_avg.clone()
-    yield "the scheduler's step", sched.last_epoch
-    yield "the learning rate", opt.param_groups[0]["lr"]
-    start = as_number(start, "the start epoch you return", whole=True)
-    yield "the start epoch", start
+    running = tr("AdamW's running average of the gradients", "AdamW 的梯度滑动平均")
+    yield running, None if exp_avg is None else exp_avg.clone()
+    yield tr("the scheduler's step", "学习率调度器的步数"), sched.last_epoch
+    yield tr("the learning rate", "学习率"), opt.param_groups[0]["lr"]
+    start = as_number(start, tr("the start epoch you return", "你返回的起始 epoch"), whole=True)
+    yield tr("the start epoch", "起始 epoch"), start
     _train(model, opt, sched, data[start * per_epoch :])
-    yield "the weights at the end of the resumed run", model.weight.detach()
+    yield tr("the weights at the end of the resumed run", "恢复训练结束时的权重"), model.weight.detach()
 
 
 q2 = Exercise(
@@ -100,7 +102,10 @@ q2 = Exercise(
     resume,
     cases=lambda: [(2, 5, 3), (3, 4, 1)],
     observe=_resume_facts,
-    describe=lambda c: f"for a checkpoint after {c[2]} of {c[1]} epochs ({c[0]} steps each)",
+    describe=lambda c: tr(
+        f"for a checkpoint after {c[2]} of {c[1]} epochs ({c[0]} steps each)",
+        f"对于 {c[1]} 个 epoch 中训练完 {c[2]} 个之后保存的检查点（每个 epoch {c[0]} 步）",
+    ),
     mistakes=dict(
         no_scheduler=variant(resume, 'scheduler.load_state_dict(ckpt["scheduler"])', "pass"),
         one_epoch_late=lambda c, m, o, s: resume(c, m, o, s) + 1,
@@ -117,10 +122,11 @@ def _shard_facts(fn, case):
     n, world = case
     shards = [as_ints(fn(n, r, world), f"eval_shard({n}, {r}, {world})") for r in range(world)]
     seen = Counter(i for s in shards for i in s)
-    yield "the indices on more than one rank", sorted(i for i, c in seen.items() if c > 1)[:10]
-    yield "the indices on no rank", sorted(set(range(n)) - set(seen))[:10]
-    yield "the indices outside range(n)", sorted(set(seen) - set(range(n)))[:10]
-    yield "the largest shard size minus the smallest", max(map(len, shards)) - min(map(len, shards))
+    yield tr("the indices on more than one rank", "出现在多个 rank 上的索引"), sorted(i for i, c in seen.items() if c > 1)[:10]
+    yield tr("the indices on no rank", "不在任何 rank 上的索引"), sorted(set(range(n)) - set(seen))[:10]
+    yield tr("the indices outside range(n)", "超出 range(n) 的索引"), sorted(set(seen) - set(range(n)))[:10]
+    spread = tr("the largest shard size minus the smallest", "最大分片与最小分片的大小之差")
+    yield spread, max(map(len, shards)) - min(map(len, shards))
 
 
 q3 = Exercise(
@@ -128,7 +134,7 @@ q3 = Exercise(
     eval_shard,
     cases=lambda: [(359, 2), (10, 3), (7, 4), (3, 8), (144, 2), (0, 2)],
     observe=_shard_facts,
-    describe=lambda c: f"with n={c[0]} on {c[1]} ranks",
+    describe=lambda c: tr(f"with n={c[0]} on {c[1]} ranks", f"当 n={c[0]}、共 {c[1]} 个 rank 时"),
     mistakes=dict(
         padded=lambda n, r, w: list(DistributedSampler(range(n), w, r, shuffle=False)),
         remainder_lost=variant(
@@ -173,7 +179,8 @@ def _crash(fn, obj, arg, path, call, renames):
             f.write(data)
             f.flush()
         held.append(_held(path))
-        raise OSError("simulated crash: the process died half-way through torch.save")
+        raise OSError(tr("simulated crash: the process died half-way through torch.save",
+                         "模拟的崩溃：进程在 torch.save 写到一半时终止了"))
 
     def recording(real):
         return lambda src, dst, *a, **k: (renames.append(Path(src)), real(src, dst, *a, **k))[1]
@@ -188,11 +195,11 @@ def _crash(fn, obj, arg, path, call, renames):
 
 def _held(path: Path):
     if not path.exists():
-        return "no file"
+        return tr("no file", "没有文件")
     try:
         return torch.load(path, weights_only=True)["epoch"]
     except Exception:
-        return "a corrupt file"
+        return tr("a corrupt file", "一个损坏的文件")
 
 
 def _save_facts(fn, case):
@@ -203,14 +210,18 @@ def _save_facts(fn, case):
         path = folder / name
         arg, renames = (str(path) if as_text else path), []
         fn({"epoch": 1, "w": torch.ones(500)}, arg)
-        yield "after a save, the file at `path` holds epoch", _held(path)
+        yield tr("after a save, the file at `path` holds epoch", "保存之后，`path` 处的文件存的 epoch"), _held(path)
         crashed, held = _crash(fn, {"epoch": 2, "w": torch.zeros(500)}, arg, path, 1, renames)
-        yield "the crash reached the caller (an OSError)", crashed
-        yield "at a crash in the next save, the file at `path` holds epoch", held
+        yield tr("the crash reached the caller (an OSError)", "“崩溃（一个 OSError）传到了调用方”"), crashed
+        next_save = tr("at a crash in the next save, the file at `path` holds epoch",
+                       "在下一次保存中崩溃时，`path` 处的文件存的 epoch")
+        yield next_save, held
         _, held = _crash(fn, {"epoch": 3, "w": torch.ones(500)}, arg, path, 2, renames)
-        yield "at a crash in a save's second torch.save call, the file holds epoch", held
+        second_call = tr("at a crash in a save's second torch.save call, the file holds epoch",
+                         "在一次保存的第二次 torch.save 调用中崩溃时，文件存的 epoch")
+        yield second_call, held
         inside = all(p.resolve().parent == folder.resolve() for p in renames)
-        yield "the temporary file is in the checkpoint's folder", inside
+        yield tr("the temporary file is in the checkpoint's folder", "“临时文件与检查点在同一个文件夹中”"), inside
 
 
 q4 = Exercise(
@@ -218,7 +229,10 @@ q4 = Exercise(
     save_atomically,
     cases=lambda: [("last.pt", False), ("ckpt.pth", True)],
     observe=_save_facts,
-    describe=lambda c: f"for path=.../ckpt/{c[0]} (given as a {'str' if c[1] else 'Path'})",
+    describe=lambda c: tr(
+        f"for path=.../ckpt/{c[0]} (given as a {'str' if c[1] else 'Path'})",
+        f"当 path=.../ckpt/{c[0]}（以 {'str' if c[1] else 'Path'} 的形式给出）时",
+    ),
     mistakes=dict(overwrites=lambda obj, path: torch.save(obj, path), swallows_error=_swallowing),
 )
 

@@ -7,7 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .core import Exercise, Incorrect, as_number, kind, take, variant
+from ..i18n import tr
+from .core import Exercise, Incorrect, as_number, kind, spaced, take, variant
 from .shared import module_facts
 
 
@@ -36,7 +37,7 @@ q1 = Exercise(
     form=nn.Module,
     cases=lambda: [torch.linspace(0, 1, 784 * 4).reshape(4, 784), torch.rand(6, 784)],
     observe=lambda cls, x: module_facts(cls, FixedNet, x),
-    describe=lambda x: f"for a batch of shape {tuple(x.shape)}",
+    describe=lambda x: tr(f"for a batch of shape {tuple(x.shape)}", f"对于形状为 {tuple(x.shape)} 的批次"),
     mistakes=dict(
         layer_in_forward=variant(
             FixedNet, "nn.Linear(32, 10)", "None", "self.fc2(", "nn.Linear(32, 10)("
@@ -67,7 +68,7 @@ def _accumulate_facts(fn, case):
 
     for _ in range(2):  # two accumulation steps in a row, as in a training loop
         fn(model, opt, [micro_batch() for _ in range(k)])
-    return {"the weights after two calls": [p.detach().clone() for p in model.parameters()]}
+    return {tr("the weights after two calls", "调用两次之后的权重"): [p.detach().clone() for p in model.parameters()]}
 
 
 def _step_each(model, optimizer, micro_batches):
@@ -82,7 +83,8 @@ q2 = Exercise(
     accumulate_step,
     cases=lambda: [(4, 6), (2, 5), (3, 4)],
     observe=_accumulate_facts,
-    describe=lambda c: f"for {c[0]} micro-batches of 4 samples with {c[1]} features",
+    describe=lambda c: tr(f"for {c[0]} micro-batches of 4 samples with {c[1]} features",
+                          f"对于 {c[0]} 个微批次，每个含 4 个样本、{c[1]} 个特征"),
     mistakes=dict(
         no_scale=variant(accumulate_step, "(loss / k).backward()", "loss.backward()"),
         step_each=_step_each,
@@ -110,10 +112,12 @@ def _evaluate_facts(fn, seed):
     stats, grad_seen = model[1].running_mean.clone(), []
     model.register_forward_hook(lambda m, i, o: grad_seen.append(torch.is_grad_enabled()))
     result = fn(model, x, y)
-    yield "BatchNorm's running statistics are unchanged", torch.equal(model[1].running_mean, stats)
-    yield "the accuracy", as_number(result, "the accuracy")
-    yield "autograd recorded the forward pass", any(grad_seen)
-    yield "the model is back in train mode", model.training
+    unchanged = tr("BatchNorm's running statistics are unchanged", "“BatchNorm 的滑动统计量保持不变”")
+    yield unchanged, torch.equal(model[1].running_mean, stats)
+    accuracy = tr("the accuracy", "准确率")
+    yield accuracy, as_number(result, accuracy)
+    yield tr("autograd recorded the forward pass", "“autograd 记录了前向传播”"), any(grad_seen)
+    yield tr("the model is back in train mode", "“模型已回到训练模式”"), model.training
 
 
 q3 = Exercise(
@@ -121,7 +125,7 @@ q3 = Exercise(
     evaluate,
     cases=lambda: [1, 2],
     observe=_evaluate_facts,
-    describe=lambda seed: f"for the model and data of seed {seed}",
+    describe=lambda seed: tr(f"for the model and data of seed {seed}", f"对于种子为 {seed} 的模型和数据"),
     mistakes=dict(
         train_mode=variant(evaluate, "model.eval()", "pass"),
         records_graph=variant(evaluate, "with torch.no_grad():", "if True:"),
@@ -145,19 +149,22 @@ def _loader_facts(fn, case):
             torch.manual_seed(0)  # every rank seeds the same way
             loader = fn(list(range(n)), rank, world, epoch)
             if not isinstance(loader, DataLoader):
-                raise Incorrect(f"make_loader should return a DataLoader, not {kind(loader)}.")
+                raise Incorrect(tr(f"make_loader should return a DataLoader, not {kind(loader)}.",
+                                   spaced("make_loader 应该返回一个 DataLoader，而不是", kind(loader), "。")))
             batches = [torch.as_tensor(b).reshape(-1) for b in take(loader, n + 1)]
             sizes += [len(b) for b in batches]
             row.append([as_number(v, whole=True) for b in batches for v in b])
         orders.append(row)
-    yield "the batch sizes", sorted(set(sizes))
+    yield tr("the batch sizes", "批次大小"), sorted(set(sizes))
     visits = [Counter(i for r in row for i in set(r)) for row in orders]
     several = [sorted(i for i, c in v.items() if c > 1)[:10] for v in visits]
-    yield "for each epoch, the samples that several ranks visit", several
+    yield tr("for each epoch, the samples that several ranks visit", "每个 epoch 中被多个 rank 访问的样本"), several
     once = [sorted(i for r in row for i in r) == list(range(n)) for row in orders]
-    yield "for each epoch, every sample is visited once", once
+    yield tr("for each epoch, every sample is visited once", "每个 epoch 是否每个样本都恰好被访问一次"), once
     same = [orders[e] == orders[e - 1] for e in range(1, epochs)]
-    yield "for each epoch after the first, the order is the one of the epoch before", same
+    after_first = tr("for each epoch after the first, the order is the one of the epoch before",
+                     "第一个之后的每个 epoch 的顺序是否与前一个 epoch 相同")
+    yield after_first, same
 
 
 q4 = Exercise(
@@ -165,7 +172,8 @@ q4 = Exercise(
     make_loader,
     cases=lambda: [(20, 2, 2), (24, 3, 3)],
     observe=_loader_facts,
-    describe=lambda c: f"for {c[0]} samples, {c[1]} ranks and {c[2]} epochs",
+    describe=lambda c: tr(f"for {c[0]} samples, {c[1]} ranks and {c[2]} epochs",
+                          f"对于 {c[0]} 个样本、{c[1]} 个 rank 和 {c[2]} 个 epoch"),
     mistakes=dict(
         same_samples=lambda dataset, *_: DataLoader(dataset, batch_size=4, shuffle=True),
         same_order=variant(make_loader, "sampler.set_epoch(epoch)", "pass"),

@@ -16,6 +16,7 @@ import threading
 import time
 import tomllib
 import traceback
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,10 +55,35 @@ _STYLE = {
     "not_attempted": ("Not attempted yet", "#6b5900", "#fff8e1"),
 }
 _LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答"}
+_TITLE_ZH = {"Practice": "练习"}  # an exercise's name as the Chinese edition shows it (Q1... stay)
 
 
 def _label(status: str) -> str:
     return tr(_STYLE[status][0], _LABEL_ZH[status])
+
+
+def _title(name: str) -> str:
+    """An exercise's name as shown: ``Q1``, or chapter 00's ``Practice`` (练习 in Chinese)."""
+    return tr(name, _TITLE_ZH.get(name, name))
+
+
+def _han(c: str) -> bool:
+    return unicodedata.east_asian_width(c) in "WF" and unicodedata.category(c).startswith("L")
+
+
+def _latin(c: str) -> bool:
+    return c.isascii() and c.isprintable() and not c.isspace()
+
+
+def spaced(*parts: str) -> str:
+    """`parts` joined, with a space where a Chinese character meets a Latin letter, a digit or code
+    (``x 的梯度是 0.5``, not ``x的梯度是0.5``): for Chinese sentences built around names and values."""
+    out = ""
+    for part in parts:
+        if out and part and ((_han(out[-1]) and _latin(part[0])) or (_latin(out[-1]) and _han(part[0]))):
+            out += " "
+        out += part
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,7 +100,7 @@ class CheckResult:
     correct = property(__bool__)
 
     def __repr__(self) -> str:
-        return f"[{self.exercise}] {_label(self.status)}: {self.message}"
+        return f"[{_title(self.exercise)}] {_label(self.status)}{tr(': ', '：')}{self.message}"
 
     def _repr_html_(self) -> str:
         _, fg, bg = _STYLE[self.status]
@@ -82,7 +108,7 @@ class CheckResult:
         msg = html.escape(self.message).replace("\n", "<br>")
         return (
             f'<div style="border-left:4px solid {fg};background:{bg};padding:6px 10px">'
-            f'<b style="color:{fg}">{html.escape(self.exercise)} · {label}</b>: {msg}</div>'
+            f'<b style="color:{fg}">{html.escape(_title(self.exercise))} · {label}</b>{tr(": ", "：")}{msg}</div>'
         )
 
 
@@ -254,39 +280,61 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> tuple[Any, float]:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
 
 
+# Python's own types as the Chinese edition names them ("一个列表"); any other type keeps its name ("一个 Path")
+_KIND_ZH = {
+    "list": "列表", "tuple": "元组", "dict": "字典", "set": "集合", "str": "字符串", "bytes": "bytes 对象",
+    "int": "整数", "float": "浮点数", "bool": "布尔值", "complex": "复数", "ndarray": "numpy 数组",
+    "generator": "生成器", "range": "range 对象",
+}
+
+
 def kind(x: Any) -> str:
-    """How an answer reads to a learner: "a tensor of shape (3,)", "a function", "a list"..."""
+    """How an answer reads to a learner: "a tensor of shape (3,)", "a function", "a list"... (in Chinese
+    形状为 (3,) 的张量, 一个函数, 一个列表...: join it to Chinese words with :func:`spaced`)."""
     if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)}"
+        return tr(f"a tensor of shape {tuple(x.shape)}", f"形状为 {tuple(x.shape)} 的张量")
     if isinstance(x, type):
-        return f"the class {x.__name__}"
+        return tr(f"the class {x.__name__}", f"类 {x.__name__}")
     if inspect.isroutine(x):
-        return "a function"
+        return tr("a function", "一个函数")
     name = type(x).__name__
-    return f"an {name}" if name[:1] in "aeiouAEIOU" or name == "ndarray" else f"a {name}"
+    if x is None:
+        return tr(f"a {name}", "None")
+    english = f"an {name}" if name[:1] in "aeiouAEIOU" or name == "ndarray" else f"a {name}"
+    return tr(english, spaced("一个", _KIND_ZH.get(name, name)))
 
 
-def as_number(x: Any, what: str = "your answer", whole: bool = False) -> float | int:
+def _your_answer(what: str | None) -> str:
+    return tr("your answer", "你的答案") if what is None else what
+
+
+def as_number(x: Any, what: str | None = None, whole: bool = False) -> float | int:
     """A Python number from an int, a float, a numpy number or a one-element tensor."""
+    what = _your_answer(what)
     if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_complex():
         x = x.item()
     elif isinstance(x, np.generic) and np.ndim(x) == 0:
         x = x.item()
     if isinstance(x, bool) or not isinstance(x, int | float):
         adjective = "whole " if whole else ""
-        raise Incorrect(f"{what} should be a {adjective}number, but it is {kind(x)}.")
+        raise Incorrect(tr(f"{what} should be a {adjective}number, but it is {kind(x)}.",
+                           spaced(what, "应该是一个整数" if whole else "应该是一个数", "，但它是", kind(x), "。")))
     if whole and isinstance(x, float) and not x.is_integer():
-        raise Incorrect(f"{what} should be a whole number, but it is {x!r}.")
+        raise Incorrect(tr(f"{what} should be a whole number, but it is {x!r}.",
+                           spaced(what, "应该是一个整数，但它是", repr(x), "。")))
     return int(x) if whole else float(x)
 
 
-def as_ints(x: Any, what: str = "your answer") -> list[int]:
+def as_ints(x: Any, what: str | None = None) -> list[int]:
     """Whole numbers from a finite iterable (list, tuple, range, 1-D tensor or array, generator); at most
     ``MAX_ITEMS + 1`` are taken, so an endless iterator ends up as too long a list."""
+    what = _your_answer(what)
     listlike = isinstance(x, Iterator | Sequence) and not isinstance(x, str | bytes)
     if not (x.ndim == 1 if isinstance(x, torch.Tensor | np.ndarray) else listlike):
-        raise Incorrect(f"{what} should be a list of whole numbers, but it is {kind(x)}.")
-    return [as_number(i, f"each entry of {what}", whole=True) for i in take(x)]
+        raise Incorrect(tr(f"{what} should be a list of whole numbers, but it is {kind(x)}.",
+                           spaced(what, "应该是一个由整数组成的列表，但它是", kind(x), "。")))
+    each = tr(f"each entry of {what}", spaced(what, "的每一项"))
+    return [as_number(i, each, whole=True) for i in take(x)]
 
 
 def take(x: Any, n: int = MAX_ITEMS + 1) -> list[Any]:
@@ -296,20 +344,23 @@ def take(x: Any, n: int = MAX_ITEMS + 1) -> list[Any]:
     try:
         return list(itertools.islice(iter(x), n))
     except TypeError:
-        raise Incorrect(f"this should be a list, but it is {kind(x)}.") from None
+        raise Incorrect(tr(f"this should be a list, but it is {kind(x)}.",
+                           spaced("这里应该是一个列表，但它是", kind(x), "。"))) from None
 
 
 _TO_TENSOR = {
-    "ndarray": " `torch.from_numpy(a)` turns a numpy array into one.",
-    "list": " `torch.tensor(...)` turns a list into one.",
+    "ndarray": (" `torch.from_numpy(a)` turns a numpy array into one.", "`torch.from_numpy(a)` 可以把 numpy 数组变成张量。"),
+    "list": (" `torch.tensor(...)` turns a list into one.", "`torch.tensor(...)` 可以把列表变成张量。"),
 }
 
 
-def as_tensor(x: Any, what: str = "your answer") -> torch.Tensor:
+def as_tensor(x: Any, what: str | None = None) -> torch.Tensor:
     """The answer itself, detached, if it is a tensor; a clear Incorrect if it is not."""
+    what = _your_answer(what)
     if not isinstance(x, torch.Tensor):
-        tip = _TO_TENSOR.get(type(x).__name__, "")
-        raise Incorrect(f"{what} should be a torch.Tensor, but it is {kind(x)}.{tip}")
+        tip = tr(*_TO_TENSOR.get(type(x).__name__, ("", "")))
+        raise Incorrect(tr(f"{what} should be a torch.Tensor, but it is {kind(x)}.{tip}",
+                           spaced(what, "应该是一个 torch.Tensor，但它是", kind(x), "。") + tip))
     return x.detach()
 
 
@@ -367,18 +418,25 @@ def _show(x, other=None):
         same = isinstance(other, int | float) and f"{float(other):.4f}" == short
         return repr(x) if same else short
     if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)}" if x.numel() > 20 else repr(x.tolist())
+        return kind(x) if x.numel() > 20 else repr(x.tolist())
+    if isinstance(x, str) and any(map(_han, x)):  # a fact's Chinese value: in Chinese quotes
+        return f"“{x}”"
     text = repr(x)
     return text if len(text) <= 160 else text[:150] + " ...]"
 
 
 def _tensor_diff(got, want):
+    """How tensor `got` differs from `want`, said after its name (``x.grad has shape ...``; Chinese: the
+    name, then ``的形状是 ...`` or ``在索引 ... 处是 ...``, to join with :func:`spaced`)."""
     if got.shape != want.shape:
-        return f"has shape {tuple(got.shape)}, but it should have shape {tuple(want.shape)}"
+        return tr(f"has shape {tuple(got.shape)}, but it should have shape {tuple(want.shape)}",
+                  f"的形状是 {tuple(got.shape)}，但应该是 {tuple(want.shape)}")
     diff = torch.nan_to_num((got.double() - want.double()).abs(), nan=float("inf"))
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)) if diff.ndim else ()
-    g, w, at = got[idx].item(), want[idx].item(), f" at index {idx}" if idx else ""
-    return f"holds {_show(g, w)}{at} where {_show(w, g)} was expected"
+    g, w, at = _show(got[idx].item(), want[idx].item()), _show(want[idx].item(), got[idx].item()), ""
+    if idx:
+        at = tr(f" at index {idx}", f"在索引 {idx} 处")
+    return tr(f"holds {g}{at} where {w} was expected", f"{at}是 {g}，而预期是 {w}")
 
 
 def _outcome(observe, answer, case, want=None, tol=(0, 0)):
@@ -506,14 +564,15 @@ class Exercise:
         if number is None:
             self._hints_shown = number = min(self._hints_shown + 1, n)
         if not 1 <= number <= n:
-            return _Text(tr(f"{self.name}: there are {n} hints", f"{self.name}：共有 {n} 条提示"),
+            return _Text(tr(f"{self.name}: there are {n} hints", f"{_title(self.name)}：共有 {n} 条提示"),
                          tr(f"Ask for hint 1 to {n}.", f"请查看第 1 到第 {n} 条提示。"))
-        return _Text(tr(f"{self.name} · hint {number}/{n}", f"{self.name} · 提示 {number}/{n}"), self.hints[number - 1])
+        return _Text(tr(f"{self.name} · hint {number}/{n}", f"{_title(self.name)} · 提示 {number}/{n}"),
+                     self.hints[number - 1])
 
     def solution(self) -> _Text:
         """Show the worked solution: the source of the tested solution function."""
         code = textwrap.dedent(inspect.getsource(self.model_answer)).strip("\n")
-        return _Text(tr(f"{self.name} · solution", f"{self.name} · 参考答案"), code, code=True)
+        return _Text(tr(f"{self.name} · solution", f"{_title(self.name)} · 参考答案"), code, code=True)
 
     def reference(self) -> Any:
         """A correct answer, as a learner would pass it."""
@@ -529,16 +588,17 @@ class Exercise:
         call = f"`{var}.check({self.model_answer.__name__})`"
         if base == "function" and (not callable(answer) or isinstance(answer, type)):
             raise Incorrect(tr(f"pass your function itself, {call} (without calling it), not {it}.",
-                               f"请传入函数本身，{call}（不要调用它），而不是 {it}。"))
+                               spaced(f"请传入函数本身，{call}（不要调用它），而不是", it, "。")))
         if isinstance(base, type) and not (isinstance(answer, type) and issubclass(answer, base)):
             why = tr(f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}.",
-                     f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；这里传入的是 {it}。")
+                     spaced(f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；这里传入的是", it, "。"))
             raise Incorrect(why)
         budget, tol = TIME_LIMIT_S, self.tol  # only the learner's code counts against the limit
         for i in range(len(self.cases())):
             want = _outcome(self.observe, self.reference(), self._case(i))
             if "error" in want or "incorrect" in want:
-                why = f"the checker itself failed on its model answer ({str(want)[:300]}); please report it."
+                why = tr(f"the checker itself failed on its model answer ({str(want)[:300]}); please report it.",
+                         f"检查程序在它自己的参考答案上出错了（{str(want)[:300]}）；请报告这个问题。")
                 raise Incorrect(why)
             mine = _copy(answer) if self.form == "value" else answer
             observe = functools.partial(_outcome, self.observe, mine, self._case(i), want, tol)
@@ -559,15 +619,18 @@ class Exercise:
         if key == "result" and self.form == "value":
             return tr(f"{_show(got, want)} is not right. {self.hints[0]}", f"{_show(got, want)} 不对。{self.hints[0]}")
         where, tol = self.describe(case), self.tol
-        where = f"{where[:1].upper()}{where[1:]}, " if where else ""
+        if where:
+            where = tr(f"{where[:1].upper()}{where[1:]}, ", f"{where}，")
         if key == "result":
-            key = f"what `{self.model_answer.__name__}` returns"
+            name = self.model_answer.__name__
+            key = tr(f"what `{name}` returns", f"`{name}` 的返回值")
         while all(isinstance(x, list | tuple) for x in (got, want)) and len(got) == len(want):
             if not any(isinstance(w, torch.Tensor) for w in want):
                 break  # point at the first tensor that differs
             i = next(i for i, p in enumerate(zip(got, want, strict=True)) if not _same(*p, *tol))
-            key, got, want = f"{key} (item {i})", got[i], want[i]
+            key, got, want = tr(f"{key} (item {i})", f"{key}（下标为 {i} 的一项）"), got[i], want[i]
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
-            return f"{where}{key} {_tensor_diff(got, want)}."
+            diff = _tensor_diff(got, want)
+            return tr(f"{where}{key} {diff}.", spaced(where, key, diff, "。"))
         return tr(f"{where}{key} is {_show(got, want)}, but it should be {_show(want, got)}.",
-                  f"{where}{key} 是 {_show(got, want)}，但应该是 {_show(want, got)}。")
+                  spaced(where, key, "是", _show(got, want), "，但应该是", _show(want, got), "。"))

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.distributed import ReduceOp
 
+from ..i18n import tr
 from .core import Incorrect, LearnerThread, as_number, as_tensor
 
 
@@ -23,7 +24,8 @@ class World:
     def all_reduce(self, rank: int, tensor: torch.Tensor, op: Any = ReduceOp.SUM, **_: Any) -> Any:
         if not isinstance(tensor, torch.Tensor):
             name = type(tensor).__name__
-            raise TypeError(f"all_reduce needs a tensor (it reduces in place), not a {name}")
+            raise TypeError(tr(f"all_reduce needs a tensor (it reduces in place), not a {name}",
+                               f"all_reduce 需要一个张量（它原地归约），而不是 {name}"))
         self.calls[rank] += 1
         self.slots[rank] = tensor.detach().clone()
         self.barrier.wait()
@@ -67,11 +69,12 @@ def numbers_on_ranks(fn: Callable[..., Any], shards: Sequence[tuple], args: Call
     if real:
         raise real[0]
     if errors or len(set(world.calls)) > 1:
-        raise Incorrect(
-            f"the ranks called all_reduce a different number of times ({world.calls}): in a real job the ranks that call it wait forever for the others. Every rank must make the same calls."
-        )
-    returned = [as_number(t.outcome[1], f"what rank {r} returns") for r, t in enumerate(threads)]
-    return {"what the ranks return": returned}
+        raise Incorrect(tr(
+            f"the ranks called all_reduce a different number of times ({world.calls}): in a real job the ranks that call it wait forever for the others. Every rank must make the same calls.",
+            f"各个 rank 调用 all_reduce 的次数不同（{world.calls}）：在真实的任务中，调用了它的 rank 会一直等待其他 rank。每个 rank 都必须做相同的调用。",
+        ))
+    returned = [as_number(t.outcome[1], tr(f"what rank {r} returns", f"rank {r} 的返回值")) for r, t in enumerate(threads)]
+    return {tr("what the ranks return", "各个 rank 的返回值"): returned}
 
 
 def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[str, Any]]:
@@ -80,22 +83,23 @@ def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[
     model, ref = cls(), reference()
     if not isinstance(model, nn.Module):
         name = type(model).__name__
-        raise Incorrect(f"calling your class should give an nn.Module, but it gave {name}.")
+        raise Incorrect(tr(f"calling your class should give an nn.Module, but it gave {name}.",
+                           f"调用你的类应该得到一个 nn.Module，但得到的是 {name}。"))
     params = list(model.parameters())
-    yield "the number of parameters that parameters() finds", sum(p.numel() for p in params)
-    yield "the parameter shapes, in order", [tuple(p.shape) for p in params]
+    yield tr("the number of parameters that parameters() finds", "parameters() 找到的参数个数"), sum(p.numel() for p in params)
+    yield tr("the parameter shapes, in order", "各个参数的形状（按顺序）"), [tuple(p.shape) for p in params]
     with torch.no_grad():
         for p, r in zip(params, ref.parameters(), strict=True):
             p.copy_(r)
         model.eval()
-        out = as_tensor(model(x.clone()), "the output")
-        yield "the model's output (with the reference's weights)", out
+        out = as_tensor(model(x.clone()), tr("the output", "输出"))
+        yield tr("the model's output (with the reference's weights)", "模型的输出（使用参考答案的权重）"), out
     model.train()
     before = [p.detach().clone() for p in params]
     torch.nn.functional.cross_entropy(model(x.clone()), torch.arange(len(x)) % 10).backward()
     torch.optim.SGD(params, lr=0.1).step()
     unchanged = sum(torch.equal(b, p) for b, p in zip(before, params, strict=True))
-    yield "how many parameters one SGD step leaves unchanged", unchanged
+    yield tr("how many parameters one SGD step leaves unchanged", "一次 SGD 更新后保持不变的参数个数"), unchanged
     with torch.no_grad():
         dtype = str(model.to(torch.float64)(x.double()).dtype)
-    yield "the output dtype after .to(torch.float64)", dtype
+    yield tr("the output dtype after .to(torch.float64)", ".to(torch.float64) 之后输出的 dtype"), dtype
