@@ -11,6 +11,7 @@ Skipped outside the lane."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -162,6 +163,21 @@ def evidence(page, name: str) -> str:
         return str(keep_evidence(page, name))
     except Exception as exc:  # noqa: BLE001  (a crashed page has no screenshot)
         return f"none ({type(exc).__name__}: {exc})"
+
+
+@contextlib.contextmanager
+def opened(lab, chromium, notebook: str, name: str):
+    """`notebook` open in `lab` for a test's steps: a failure among them fails the test with the page's
+    screenshots and console log (in .browser-failures/`name`/); the page is closed after."""
+    page = None
+    try:
+        page = lab.open(chromium, notebook)
+        yield page
+    except Exception as exc:
+        pytest.fail(f"{name}: {type(exc).__name__}: {exc}\nscreenshots and console log: {evidence(page, name)}")
+    finally:
+        if page is not None:
+            close(page, lab)
 
 
 def test_the_lab_is_offline_and_runs_the_course_kernel(lab, chromium):
@@ -373,9 +389,7 @@ def test_slides_of_chapter_01_in_rise(lab, chromium):
     notebook = "01_autograd.ipynb"
     (_, title), (_, section_1), (kind, subsection) = screens(notebook)[:3]
     assert kind == "subslide", "chapter 01's section 1 has a subsection: what Space moves to"
-    page = None
-    try:
-        page = lab.open(chromium, notebook)
+    with opened(lab, chromium, notebook, "slides-" + notebook.removesuffix(".ipynb")) as page:
         page.locator(".jp-NotebookPanel-toolbar [data-command='RISE:preview']").click()
         frame = page.frame_locator("iframe[src*='/rise/']")
         present = frame.locator(PRESENT)
@@ -399,12 +413,6 @@ def test_slides_of_chapter_01_in_rise(lab, chromium):
             "default, imports Google Fonts: the course's lab sets jupyterlab-rise's theme to 'white', whose fonts "
             "are local, in .venv/share/jupyter/lab/settings/overrides.json)")
         print(f"{notebook}: slideshow on {title!r}; Right arrow: {section_1!r}; Space: {subsection!r}; closed")
-    except Exception as exc:
-        pytest.fail(f"{notebook} as a slideshow: {type(exc).__name__}: {exc}\n"
-                    f"screenshots and console log: {evidence(page, 'slides-' + notebook.removesuffix('.ipynb'))}")
-    finally:
-        if page is not None:
-            close(page, lab)
 
 
 def test_the_chinese_edition_in_a_chinese_lab(tmp_path, chromium):
@@ -414,9 +422,7 @@ def test_the_chinese_edition_in_a_chinese_lab(tmp_path, chromium):
 
     notebook = "01_autograd.ipynb"
     with course_lab(tmp_path, ROOT / "notebooks-zh", command="lab-zh") as zh:
-        page = None
-        try:
-            page = zh.open(chromium, notebook)
+        with opened(zh, chromium, notebook, "lab-zh") as page:
             menus = page.locator("li.lm-MenuBar-item")
             for word in ("文件", "内核", "运行"):  # File, Kernel, Run
                 expect(menus.filter(has_text=word)).to_have_count(1, timeout=60_000)
@@ -432,9 +438,3 @@ def test_the_chinese_edition_in_a_chinese_lab(tmp_path, chromium):
             assert out["images"] and out["images"][0].startswith("data:image/png"), out["images"]
             assert not page.outside_requests, page.outside_requests
             print(f"lab-zh: Chinese menus, {notebook} open, the kernel's language zh-CN, a Chinese title drawn")
-        except Exception as exc:
-            pytest.fail(f"lab-zh: {type(exc).__name__}: {exc}\n"
-                        f"screenshots and console log: {evidence(page, 'lab-zh')}")
-        finally:
-            if page is not None:
-                close(page, zh)
