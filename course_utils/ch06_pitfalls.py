@@ -20,12 +20,37 @@ from torch.utils.data import Dataset
 
 from .device import one_main_thread
 from .dist import single_process_group
-from .i18n import pad, text_width, tr
+from .i18n import language, pad, text_width, tr
 from .models import MLP
 
 # ---------------------------------------------------------------------------------------------
 # The ledger: every check of the chapter, and the summary table built from them
 # ---------------------------------------------------------------------------------------------
+
+
+# The notebook's checks in Chinese: the notebook's code (the same in both editions) names each check and
+# describes its results in English; the Chinese edition shows these words instead.
+_ZH_CHECKS = {
+    "pitfall-1": ("在 forward() 中创建层", "第 40 步的训练损失"),
+    "pitfall-2": ("DDP 下使用 shuffle=True", "rank 0 的样本中 rank 1 也读到的比例"),
+    "pitfall-2b": ("DistributedSampler 未调用 set_epoch", "epoch 0 与 epoch 1 中位置相同的比例"),
+    "pitfall-3": ("评估时未调用 eval()/no_grad()", "测试准确率（每批 32 个）"),
+    "forgot-train": ("评估后忘记调用 train()", "在训练模式下运行的训练步数"),
+    "pitfall-4": ("DDP 下标签留在 CPU 上", "使用 CPU 上的标签 / 类别权重时的损失"),
+    "pitfall-5": ("忘记调用 zero_grad", ".grad 范数：3 次反向传播后 / 1 次后"),
+    "accumulate": ("梯度累积时 loss 未除以 k", "max |grad - 大批次 grad|"),
+    "no_sync": ("DDP 下梯度累积未用 no_sync", "每个优化器步的 all-reduce 次数"),
+    "retain-graph": ("用 retain_graph=True 求二阶导数", "x**3 在 x = 2 处的 d2z/dx2"),
+    "rank0-eval": ("只在 rank 0 上评估 DDP 模型", "评估结果"),
+    "spawn-zero": ("在 CPU 上 mp.spawn(nprocs=device_count())", "nprocs=0 时启动的进程数"),
+    "spawn-notebook": ("用 mp.spawn 启动笔记本中定义的函数", "实际运行的 worker 进程数"),
+    "inplace": ("对已保存的张量做原地（in-place）操作", "backward()"),
+    "loss-sum": ("total += loss（而不是 loss.item()）", "40 个批次后仍被占用的 MiB"),
+    "pickle": ("加载不可信的 pickle 时用 weights_only=False", "加载时恶意代码是否运行"),
+    "worker-rng": ("随机数生成器对象被复制进每个 worker", "抽到重复随机数的样本比例"),
+}
+_ZH_RESULTS = (("hang (LaunchTimeout)", "卡死（LaunchTimeout）"), ("device error", "设备不一致错误"), ("loss computed", "正常算出损失"),
+               (" both ways", "（两种做法结果相同）"), (", no error", "，没有报错"), ("correct gradient", "梯度正确"))
 
 
 def _fmt(value: Any) -> str:
@@ -36,7 +61,10 @@ def _fmt(value: Any) -> str:
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:.3e}" if 0 < abs(value) < 1e-3 else f"{value:,.4f}"
-    return str(value)
+    text = str(value)
+    for english, chinese in _ZH_RESULTS if language() == "zh-CN" else ():
+        text = text.replace(english, chinese)
+    return text
 
 
 class PitfallLedger:
@@ -51,6 +79,8 @@ class PitfallLedger:
     ) -> None:
         """Record and print one check; raise AssertionError unless the bug showed and the fix worked."""
         ok = "pass" if bug_seen and fixed else "FAIL"
+        if language() == "zh-CN":
+            title, measure = _ZH_CHECKS.get(key, (title, measure))
         self.rows[key] = (title, measure, _fmt(bug), _fmt(fix), ok)
         if not bug_seen:
             raise AssertionError(tr(
@@ -87,6 +117,11 @@ class PitfallLedger:
             raise
         raise AssertionError(tr(f"{key}: expected {error.__name__}, but the code ran without error.",
                                 f"{key}：预期会出现 {error.__name__}，但代码运行时没有报错。"))
+
+    def summary(self) -> str:
+        """The closing line: how many pitfalls were reproduced and fixed."""
+        n = sum(row[-1] == "pass" for row in self.rows.values())
+        return tr(f"{n} pitfalls reproduced and fixed", f"{n} 个误区均已复现并修复")
 
     @property
     def all_ok(self) -> bool:

@@ -384,3 +384,25 @@ def test_module_import_has_no_side_effects():
             "__import__('torch').distributed.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_notebooks_checks_have_chinese_names(capsys, monkeypatch):
+    """The notebook's code names each check in English (the same code in both editions); the Chinese
+    edition shows each one's Chinese name, its results' words in Chinese, and a Chinese closing line."""
+    import json
+
+    cells = json.loads((ROOT / "notebooks" / "06_pitfalls.ipynb").read_text())["cells"]
+    keys = set(re.findall(r'book\.check\(\s*"([^"]+)"', "".join("".join(c["source"]) for c in cells)))
+    assert len(keys) == 17 and keys <= set(pitfalls._ZH_CHECKS), keys - set(pitfalls._ZH_CHECKS)
+    for lang, line, closing in [
+        ("en", "DDP model evaluated on rank 0 only: evaluation result: with the bug hang (LaunchTimeout), "
+               "fixed 340/359 both ways (bug reproduced; fix works)", "1 pitfalls reproduced and fixed"),
+        ("zh", "只在 rank 0 上评估 DDP 模型：评估结果：有 bug 时 卡死（LaunchTimeout），"
+               "修复后 340/359（两种做法结果相同）（bug 已复现；修复有效）", "1 个误区均已复现并修复"),
+    ]:
+        monkeypatch.setenv("COURSE_LANG", lang)
+        book = pitfalls.PitfallLedger()
+        book.check("rank0-eval", "DDP model evaluated on rank 0 only", "evaluation result",
+                   bug="hang (LaunchTimeout)", fix="340/359 both ways", bug_seen=True, fixed=True)
+        assert capsys.readouterr().out == line + "\n"
+        assert book.summary() == closing
