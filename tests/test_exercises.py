@@ -387,7 +387,10 @@ def test_an_answer_that_swallows_the_time_limit_is_still_stopped():
 
     start = time.monotonic()
     result = _fn_ex().check(swallows)
-    assert "did not finish" in result.message and time.monotonic() - start < 3 * core.TIME_LIMIT_S
+    # stopped, not hung: on a busy machine the limit stretches by the time spent waiting for a CPU (up to
+    # MAX_STRETCH times), and the check's own work comes on top
+    assert "did not finish" in result.message
+    assert time.monotonic() - start < core.MAX_STRETCH * core.TIME_LIMIT_S + 5
     assert sys.gettrace() is None
 
 
