@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import data
+from .figures import pyplot, show_figure
 from .i18n import tr
 
 #: The gallery's default view: the widget's starting values and the defaults of `pick` and `show`, so
@@ -36,7 +37,6 @@ def pick(
 
 def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: int = 8, ax_size: float = 1.1):
     """Draw images in a grid, each titled with its label. Returns the matplotlib figure."""
-    from .figures import pyplot
     plt = pyplot()
 
     n = len(images)
@@ -65,8 +65,6 @@ def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D[
 def gallery_widget():
     """Sliders for split, class, count and seed over :func:`show`, starting at :data:`GALLERY_DEFAULTS`."""
     import ipywidgets as w
-
-    from .figures import show_figure
 
     def update(split, label, n, seed):
         show_figure(show(split, None if label < 0 else label, n, seed))

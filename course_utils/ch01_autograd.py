@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .figures import course_font_file, pyplot, show_figure, use_course_font
 from .i18n import language, text_width, tr
 
 DEFAULT_MAX_NODES = 40
@@ -298,8 +299,6 @@ def _draw_matplotlib(g: Graph, labels: Mapping, title: str, hot: Any, sent: Mapp
     """The same graph without Graphviz: a column of boxes per layer (a row, if that is too wide)."""
     from matplotlib.figure import Figure
 
-    from .figures import use_course_font
-
     use_course_font()
 
     rank = _ranks(g)
@@ -368,8 +367,6 @@ class GraphDrawing:
 def _dot_env() -> dict[str, str] | None:
     """In the Chinese edition, ``dot``'s environment with the course's CJK font (the ``mplfonts``
     package's, which fontconfig does not know) added to fontconfig's fonts; else None (inherit)."""
-    from .figures import course_font_file
-
     font = course_font_file() if language() == "zh-CN" else None
     if font is None:
         return None
@@ -595,7 +592,6 @@ def sigmoid_example_text(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> str:
 
 def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
     """The sigmoid with the point ``(y, z)`` and its tangent, beside the three gradients."""
-    from .figures import pyplot
     plt = pyplot()
 
     hand, auto = _sigmoid_numbers(x, w, b)
@@ -629,8 +625,6 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
 def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
     """Sliders for x, w and b; shows z, the three gradients and the tangent."""
     import ipywidgets as widgets
-
-    from .figures import show_figure
 
     def slider(name: str, value: float) -> Any:
         kw = dict(step=0.1, continuous_update=False, readout_format=".1f")

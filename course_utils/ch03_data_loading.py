@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from .data import image_paths, load_image
 from .device import busy_warning, one_main_thread
+from .figures import pyplot, show_figure
 from .i18n import tr
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -423,7 +424,6 @@ def curve_summary(runs: Sequence[LoaderRun], cores: int, load: float | None) -> 
 
 def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = None) -> Any:
     """Images/s and the speed-up over 0 workers against num_workers: this machine beside a reference."""
-    from .figures import pyplot
     plt = pyplot()
 
     mine = {r.num_workers: r.items_per_s for r in runs}
@@ -535,7 +535,6 @@ def batch_view(
 
 def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | None = None) -> Any:
     """The batch's images with their labels, and the epoch's index order with the batch highlighted."""
-    from .figures import pyplot
     plt = pyplot()
 
     k = len(view.indices)
@@ -574,8 +573,6 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
 def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:
     """An ipywidgets browser over :func:`batch_view`: batch size, shuffle, seed, sampler, epoch, batch."""
     import ipywidgets as w
-
-    from .figures import show_figure
 
     d, n = BATCH_BROWSER_DEFAULTS, len(labels)
     controls = dict(

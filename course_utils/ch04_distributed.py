@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import sampler_indices
+from .figures import pyplot, show_figure
 from .i18n import tr
 
 GREY = "#c8c8c8"
@@ -62,7 +63,6 @@ def _rank_legend(fig: Any, world: int, label: str, *extra: tuple[str, str]) -> N
 def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool = True,
                  drop_last: bool = False, seed: int = 0) -> Any:
     """Print and draw one epoch of DistributedSampler: the epoch's order, then each rank's share."""
-    from .figures import pyplot
     plt = pyplot()
 
     shares = sampler_indices(n, world_size, epoch, shuffle, seed, drop_last)
@@ -104,7 +104,6 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
 
 def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
     """From sampler_demo.py's records: which rank read each item (colour) and when (number)."""
-    from .figures import pyplot
     plt = pyplot()
 
     n, modes = int(records[0]["small"]), ("with set_epoch", "without set_epoch")
@@ -127,7 +126,6 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
 
 def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
     """Before and after, on every rank, for each collective collectives.py recorded."""
-    from .figures import pyplot
     plt = pyplot()
 
     results = [rec["collectives"] for rec in sorted(records, key=lambda rec: int(rec["rank"]))]
@@ -166,7 +164,6 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
 def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, Sequence[int]]]) -> Any:
     """FSDP's sharding: which rows (dim 0) of each parameter (``full[name]``: its shape) rank r
     stores (``local[r][name]``: the shape of its shard)."""
-    from .figures import pyplot
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.55 * len(full)))
@@ -191,8 +188,6 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
 def sampler_explorer() -> Any:
     """Sliders and boxes for :func:`draw_sampler`'s arguments, redrawn on every change."""
     import ipywidgets as w
-
-    from .figures import show_figure
 
     d = EXPLORER_DEFAULTS
     ranges = {"n": (tr("items", "样本数"), 1, 20), "world_size": ("world size", 1, 8), "epoch": ("epoch", 0, 9)}

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from .device import one_main_thread
 from .dist import single_process_group
+from .figures import pyplot, show_figure
 from .i18n import language, pad, text_width, tr
 from .models import MLP
 
@@ -227,7 +228,6 @@ def graph_size(t: Any) -> tuple[int, int]:
 
 def sampler_figure(orders: dict[str, list[list[list[int]]]]):
     """One panel per way of building the loaders; ``orders[title][epoch][rank]`` lists the samples."""
-    from .figures import pyplot
     plt = pyplot()
     from matplotlib.colors import ListedColormap
 
@@ -450,7 +450,6 @@ def _switchboard_cached(on: tuple[str, ...], steps: int, eval_every: int, seed: 
 
 def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     """Loss curves of the clean run and of the run with `mistakes` switched on (a matplotlib Figure)."""
-    from .figures import pyplot
     plt = pyplot()
 
     on = _normalise(mistakes)
@@ -512,8 +511,6 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
     """Checkboxes, one per mistake; the figure and numbers redraw when one is switched."""
     import ipywidgets as widgets
     from IPython.display import display
-
-    from .figures import show_figure
 
     layout = widgets.Layout(width="auto")
     boxes = {
