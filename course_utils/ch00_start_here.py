@@ -53,12 +53,17 @@ def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: in
     return fig
 
 
+def _split_name(split: str) -> str:
+    """The split's name in the course's language (the gallery's buttons and title)."""
+    return {"train": tr("train", "训练集"), "test": tr("test", "测试集")}.get(split, split)
+
+
 def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D["n"], seed: int = _D["seed"]):
     """The gallery's view: pick images, draw them, return the figure."""
     images, labels, _ = pick(split, label, n, seed)
     which = tr("all digits", "全部数字") if label is None else tr(f"digit {label}", f"数字 {label}")
-    split_zh = {"train": "训练集", "test": "测试集"}.get(split, split)
-    title = tr(f"{n} {split} images, {which} (seed {seed})", f"{split_zh}中的 {n} 张图像，{which}（随机种子 {seed}）")
+    title = tr(f"{n} {split} images, {which} (seed {seed})",
+               f"{_split_name(split)}中的 {n} 张图像，{which}（随机种子 {seed}）")
     return draw_grid(images, labels, title)
 
 
@@ -72,7 +77,7 @@ def gallery_widget():
     d = GALLERY_DEFAULTS
     return w.interactive(
         update,
-        split=w.ToggleButtons(options=[(tr("train", "训练集"), "train"), (tr("test", "测试集"), "test")],
+        split=w.ToggleButtons(options=[(_split_name(s), s) for s in data.SPLITS],
                               value=d["split"], description=tr("split", "数据集")),
         label=w.IntSlider(value=-1 if d["label"] is None else d["label"], min=-1, max=9,
                           description=tr("digit (-1: all)", "数字（-1：全部）")),

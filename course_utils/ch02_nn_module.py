@@ -378,6 +378,11 @@ def model_builder(
     return model, stats
 
 
+def _norm_name(norm: str) -> str:
+    """A normalisation's name as the builder shows it ("none" in the course's language)."""
+    return tr("none", "无") if norm == "none" else norm
+
+
 def show_model_builder(
     depth: int, width: int, activation: str, dropout: float, norm: str, x: Tensor | None = None
 ) -> None:
@@ -394,7 +399,7 @@ def show_model_builder(
         + f"\n{format_stats(stats)}"
     )
     title = tr(f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}",
-               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，归一化：{'无' if norm == 'none' else norm}")
+               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，归一化：{_norm_name(norm)}")
     show_figure(plot_activation_stats(stats, title))
 
 
@@ -407,7 +412,7 @@ def model_builder_widget(x: Tensor | None = None):
         "width": w.Dropdown(options=[16, 32, 64, 128, 256, 512], description=tr("width", "宽度")),
         "activation": w.Dropdown(options=list(ACTIVATIONS), description=tr("activation", "激活函数")),
         "dropout": w.FloatSlider(min=0.0, max=0.8, step=0.05, description="dropout"),
-        "norm": w.Dropdown(options=[(tr("none", "无") if k == "none" else k, k) for k in NORMS],
+        "norm": w.Dropdown(options=[(_norm_name(k), k) for k in NORMS],
                            description=tr("norm", "归一化")),
     }
     out = w.Output()

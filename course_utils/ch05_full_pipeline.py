@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from .data import digits_tensors
-from .i18n import tr
+from .i18n import pad, text_width, tr
 from .models import MODELS
 
 # --------------------------------------------------------------------------------- configuration
@@ -137,9 +137,8 @@ def padding_report(n: int = 359, world_size: int = 2) -> str:
         f"({per_rank} x {world_size} - {n})",
         f"DistributedSampler：评估了 {len(seen)} 个，其中 {twice} 个被算了两次（{per_rank} x {world_size} - {n}）",
     ))
-    # (ShardSampler + full-width colon + 6 spaces: as wide as "DistributedSampler：" in a monospace font)
-    lines.append(tr(f"ShardSampler:       {n} evaluated, 0 counted twice",
-                    f"ShardSampler：      评估了 {n} 个，其中 0 个被算了两次"))
+    label = pad(tr("ShardSampler:", "ShardSampler："), text_width(tr("DistributedSampler:", "DistributedSampler：")))
+    lines.append(label + tr(f" {n} evaluated, 0 counted twice", f"评估了 {n} 个，其中 0 个被算了两次"))
     return "\n".join(lines)
 
 
@@ -283,8 +282,7 @@ def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) 
     out = []
     for i, (a, b) in enumerate(pairs, 1):
         (na, la), (nb, lb) = find(skeleton, a, "skeleton"), find(script, b, "train.py")
-        # 骨架 is 4 columns wide in a monospace font: 4 spaces more line it up with "skeleton"
-        out.append(tr(f"[{i:>2}] skeleton {na:>4} | {la}", f"[{i:>2}] 骨架     {na:>4} | {la}"))
+        out.append(f"[{i:>2}] {pad(tr('skeleton', '骨架'), len('skeleton'))} {na:>4} | {la}")
         out.append(f"     train.py {nb:>4} | {lb}")
     return "\n".join(out)
 
