@@ -80,3 +80,23 @@ def pad(text: str, width: int, right: bool = False) -> str:
     a Chinese character as two columns, so tables line up in both languages."""
     space = " " * (width - text_width(text))
     return space + text if right else text + space
+
+
+def is_chinese(c: str) -> bool:
+    """Whether character `c` is a Chinese (wide, full-width) letter: punctuation and digits are not."""
+    return unicodedata.east_asian_width(c) in "WF" and unicodedata.category(c).startswith("L")
+
+
+def _latin(c: str) -> bool:
+    return c.isascii() and c.isprintable() and not c.isspace()
+
+
+def spaced(*parts: str) -> str:
+    """`parts` joined, with a space where a Chinese character meets a Latin letter, a digit or code
+    (``x 的梯度是 0.5``, not ``x的梯度是0.5``): for Chinese sentences built around names and values."""
+    out = ""
+    for part in parts:
+        if out and part and ((is_chinese(out[-1]) and _latin(part[0])) or (_latin(out[-1]) and is_chinese(part[0]))):
+            out += " "
+        out += part
+    return out

@@ -21,6 +21,7 @@ import torch
 import course_utils.exercises
 from course_utils.exercises import core
 from course_utils.exercises.core import Exercise, Incorrect, as_ints, as_number, as_tensor
+from course_utils.i18n import spaced
 
 
 def all_exercises() -> dict:
@@ -496,7 +497,7 @@ def test_the_engines_own_words_in_chinese(monkeypatch):
         as_ints([1, 1.5])
     with pytest.raises(Incorrect, match=r"^x\.grad 应该是一个 torch\.Tensor，但它是一个 numpy 数组。`torch\.from_numpy"):
         as_tensor(np.zeros(2), "x.grad")
-    assert core.spaced("x", "的梯度是", "0.5", "，而不是", "一个列表", "。") == "x 的梯度是 0.5，而不是一个列表。"
+    assert spaced("x", "的梯度是", "0.5", "，而不是", "一个列表", "。") == "x 的梯度是 0.5，而不是一个列表。"
     def double(x):
         return 2 * x
 

@@ -5,8 +5,8 @@ from unittest import mock
 
 import torch
 
-from ..i18n import tr
-from .core import Exercise, Incorrect, as_number, as_tensor, kind, spaced, take, variant
+from ..i18n import spaced, tr
+from .core import Exercise, Incorrect, as_number, as_tensor, kind, take, variant
 
 
 def answer_q1():

@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from ..i18n import tr
-from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, spaced, take, variant
+from ..i18n import spaced, tr
+from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, take, variant
 from .shared import module_facts
 
 

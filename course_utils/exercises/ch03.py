@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ..data import image_paths, load_image
-from ..i18n import tr
-from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, spaced, take, variant
+from ..i18n import spaced, tr
+from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, take, variant
 
 
 class MyDataset(Dataset):

@@ -7,8 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..i18n import tr
-from .core import Exercise, Incorrect, as_number, kind, spaced, take, variant
+from ..i18n import spaced, tr
+from .core import Exercise, Incorrect, as_number, kind, take, variant
 from .shared import module_facts
 
 

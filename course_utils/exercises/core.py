@@ -16,7 +16,6 @@ import threading
 import time
 import tomllib
 import traceback
-import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import progress
-from ..i18n import language, tr
+from ..i18n import is_chinese, language, spaced, tr
 
 TIME_LIMIT_S = 5.0  # the longest a check may take, learner's code included
 MAX_STRETCH = 3.0  # a limit grows by the time spent waiting for a CPU, up to this factor
@@ -65,25 +64,6 @@ def _label(status: str) -> str:
 def _title(name: str) -> str:
     """An exercise's name as shown: ``Q1``, or chapter 00's ``Practice`` (练习 in Chinese)."""
     return tr(name, _TITLE_ZH.get(name, name))
-
-
-def _han(c: str) -> bool:
-    return unicodedata.east_asian_width(c) in "WF" and unicodedata.category(c).startswith("L")
-
-
-def _latin(c: str) -> bool:
-    return c.isascii() and c.isprintable() and not c.isspace()
-
-
-def spaced(*parts: str) -> str:
-    """`parts` joined, with a space where a Chinese character meets a Latin letter, a digit or code
-    (``x 的梯度是 0.5``, not ``x的梯度是0.5``): for Chinese sentences built around names and values."""
-    out = ""
-    for part in parts:
-        if out and part and ((_han(out[-1]) and _latin(part[0])) or (_latin(out[-1]) and _han(part[0]))):
-            out += " "
-        out += part
-    return out
 
 
 @dataclass(frozen=True)
@@ -419,7 +399,7 @@ def _show(x, other=None):
         return repr(x) if same else short
     if isinstance(x, torch.Tensor):
         return kind(x) if x.numel() > 20 else repr(x.tolist())
-    if isinstance(x, str) and any(map(_han, x)):  # a fact's Chinese value: in Chinese quotes
+    if isinstance(x, str) and any(map(is_chinese, x)):  # a fact's Chinese value: in Chinese quotes
         return f"“{x}”"
     text = repr(x)
     return text if len(text) <= 160 else text[:150] + " ...]"
