@@ -243,17 +243,16 @@ def cmd_lab_zh(argv):
     settings = folder / "@jupyterlab" / "translation-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "plugin.jupyterlab-settings").write_text('{"locale": "zh_CN"}\n')
-    own_dir = any(a.startswith(("--notebook-dir", "--ServerApp.root_dir")) for a in argv)
-    return cmd_lab(([] if own_dir else ["--notebook-dir=" + str(NOTEBOOKS_ZH)])
-                   + ["--LabApp.user_settings_dir=" + str(folder)] + list(argv))
+    return cmd_lab(["--LabApp.user_settings_dir=" + str(folder)] + list(argv), notebooks=NOTEBOOKS_ZH)
 
 
-def cmd_lab(argv):
+def cmd_lab(argv, notebooks=NOTEBOOKS):
+    """JupyterLab on `notebooks` (unless the arguments name a folder)."""
     py = ensure_venv()
     if os.environ.get("JUPYTER_TOKEN", None) == "":
         die("JUPYTER_TOKEN is set but empty; unset it so Jupyter makes a token for you.")
     own_dir = any(a.startswith(("--notebook-dir", "--ServerApp.root_dir")) for a in argv)
-    args = [str(py), "-m", "jupyter", "lab"] + ([] if own_dir else ["--notebook-dir=" + str(NOTEBOOKS)]) + [
+    args = [str(py), "-m", "jupyter", "lab"] + ([] if own_dir else ["--notebook-dir=" + str(notebooks)]) + [
             "--ServerApp.ip=127.0.0.1",
             # offline by design: no news feed, no update check (both are requests to the internet)
             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
