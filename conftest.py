@@ -12,6 +12,10 @@
    not compared (``NBVAL_IGNORE_OUTPUT``), a warning that the stored output does not show fails
    the cell all the same: a PyTorch upgrade that starts warning is something to look at.
 3. Tests record no learner progress (course_utils.progress), whatever this computer's setting.
+4. A warning raised from the course's own code (``course_utils``, ``tools``, the scripts of
+   ``notebooks/scripts/`` that tests import as ``notebooks.scripts.NAME``) is an error in the unit
+   tests, as a new warning is in the notebooks. A test that expects one says so with
+   ``pytest.warns``, which sees it all the same.
 """
 
 from __future__ import annotations
@@ -59,7 +63,14 @@ def _start_new_kernel_over_ipc(startup_timeout=60, kernel_name="python", **kwarg
     return km, kc
 
 
+#: where a warning is an error: the modules the warning is attributed to (``warnings.warn``'s
+#: stacklevel picks the frame), as regular expressions matched at the start of the module's name
+OWN_MODULES = (r"course_utils(\.|$)", r"tools(\.|$)", r"notebooks\.scripts(\.|$)", r"benchmarks(\.|$)")
+
+
 def pytest_configure(config):
+    for module in OWN_MODULES:
+        config.addinivalue_line("filterwarnings", f"error::Warning:{module}")
     if os.name == "nt":  # no Unix sockets for ZeroMQ there: keep nbval's TCP kernels
         return
     try:

@@ -461,7 +461,7 @@ def _benchmark():
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "loader_throughput.py"
-    spec = importlib.util.spec_from_file_location("loader_throughput", path)
+    spec = importlib.util.spec_from_file_location("benchmarks.loader_throughput", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

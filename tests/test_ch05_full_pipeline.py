@@ -273,7 +273,7 @@ def test_max_abs_diff():
 # ------------------------------------------------------------------------ the script itself
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("ch05_train", SCRIPT)
+    spec = importlib.util.spec_from_file_location("notebooks.scripts.train", SCRIPT)  # its warnings: errors
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -64,7 +64,14 @@ def _dataset_facts(cls, case):
                 what = tr("a PIL image or array", "PIL 图像或数组")
             yield tr(f"the kind of image dataset[{i}] returns{w}", f"{zh}dataset[{i}] 返回的图像类型"), what
             yield tr(f"the image shape of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像形状"), tuple(np.shape(image))
-            yield tr(f"the image of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像"), torch.as_tensor(np.array(image))
+            yield tr(f"the image of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像"), _pixels(image)
+
+
+def _pixels(image) -> torch.Tensor:
+    """The image's values as a tensor (a copy), whether it is a tensor, a PIL image or an array."""
+    if isinstance(image, torch.Tensor):
+        return image.detach().cpu().clone()
+    return torch.as_tensor(np.array(image))
 
 
 q1 = Exercise(
