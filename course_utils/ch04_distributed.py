@@ -44,7 +44,9 @@ def _boxes(ax: Any, rows: Sequence[Sequence[tuple]], labels: Sequence[str]) -> N
             hatch = "///" if hatched else None
             ax.add_patch(Rectangle((x, y), 0.9, 0.8, fc=color, ec="black", lw=0.6, hatch=hatch))
             ink = "black" if hatched or color == GREY else "white"
-            ax.text(x + 0.45, y + 0.4, text, ha="center", va="center", size=9, weight="bold", color=ink)
+            # regular weight, the only one the Chinese edition's font ships: a bold request there makes
+            # matplotlib write "findfont: Failed to find font weight bold ..." under the figure
+            ax.text(x + 0.45, y + 0.4, text, ha="center", va="center", size=9.5, color=ink)
     ax.set_xlim(-0.2, max((box[0] for row in rows for box in row), default=0) + 1.1)
     ax.set_ylim(-0.2, len(rows))
     ax.set_yticks([len(rows) - 0.6 - k for k in range(len(rows))], labels)

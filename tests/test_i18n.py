@@ -109,3 +109,24 @@ def test_no_chinese_font_is_a_clear_warning(monkeypatch):
     monkeypatch.setattr(figures, "cjk_family", lambda: None)
     with matplotlib.rc_context(), pytest.warns(UserWarning, match="No font with Chinese characters"):
         figures.use_course_font()
+
+
+def test_chinese_figures_ask_only_for_the_fonts_weight(tmp_path, monkeypatch, caplog):
+    """matplotlib logs "findfont: Failed to find font weight bold for Noto Sans CJK SC, now using 400"
+    (on stderr, under the figure) when a figure asks for a weight the Chinese font does not ship:
+    the course's pictures are drawn in the weight it has."""
+    import logging
+
+    import matplotlib
+
+    from course_utils import figures
+    from course_utils.ch04_distributed import draw_sampler
+
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    monkeypatch.setattr(figures, "_state", {"family": None, "done": False})
+    with matplotlib.rc_context(), caplog.at_level(logging.WARNING, logger="matplotlib.font_manager"):
+        plt = figures.pyplot()
+        fig = draw_sampler(10, 3, 0, True)
+        fig.savefig(tmp_path / "sampler.png")
+        plt.close(fig)
+    assert not [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()]
