@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
+.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser test-portable execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
 # the Chinese edition (notebooks-zh/), in a JupyterLab in Chinese
@@ -19,6 +19,9 @@ test-slurm:
 	@$(PYTHON) tasks.py test-slurm
 test-browser:
 	@$(PYTHON) tasks.py test-browser
+# strict nbval of both editions under other CPU levels (no vector extensions, AVX2) and on one core
+test-portable:
+	@$(PYTHON) tasks.py test-portable
 execute:
 	@$(PYTHON) tasks.py execute
 bench:

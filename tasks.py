@@ -10,6 +10,8 @@
     python tasks.py test-gpu     # the GPU lane, in the Python that runs it (no .venv)
     python tasks.py test-slurm   # chapter 04's sbatch file on a real two-node Slurm on this machine
     python tasks.py test-browser # every notebook run and its widgets used in JupyterLab, in headless Chromium
+    python tasks.py test-portable [--levels L,...]
+                                 # strict nbval of both editions as other CPUs compute (tools/portable.py)
     python tasks.py stress [--script-runs N] [--notebook-runs M] [--only scripts|notebooks] [--script NAME]
                                  # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
@@ -276,6 +278,13 @@ def cmd_test(argv):
     targets = list(argv) or ["tests", "notebooks"] + (["notebooks-zh"] if NOTEBOOKS_ZH.is_dir() else [])
     args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + targets
     return in_venv(args, env=dict(os.environ, COURSE_PROGRESS="0"))  # the tests record no progress
+
+
+def cmd_test_portable(argv):
+    """Strict nbval of both editions at each CPU level this computer can emulate (no vector extensions,
+    AVX2, its own, one core): the stored outputs must hold on every learner's computer."""
+    ensure_venv()
+    return in_venv(["-m", "tools.portable"] + list(argv))
 
 
 def notebooks_from(argv):
@@ -687,6 +696,7 @@ COMMANDS = {
     "wheelhouse": cmd_wheelhouse,
     "check-wheelhouse": cmd_check_wheelhouse,
     "test-browser": cmd_test_browser,
+    "test-portable": cmd_test_portable,
     "lab": cmd_lab,
     "lab-zh": cmd_lab_zh,
     "test": cmd_test,

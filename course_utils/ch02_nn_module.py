@@ -277,7 +277,9 @@ def activation_scale_vs_depth(scheme: str, activation: str, depth: int = 20, wid
 
     Seeded inside ``torch.random.fork_rng``. The weights are drawn in float32 and the forward pass
     runs in float64: twenty layers amplify float32 rounding (whose last bits depend on the CPU's
-    vector instructions) into the fourth digit.
+    vector instructions) into the fourth digit. The draws themselves differ in their last bits
+    between CPUs with and without AVX2 (``torch.randn``'s vectorised transform rounds differently),
+    so the chaotic tanh + ``normal(0, 1)`` stack changes in its third digit: print two.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

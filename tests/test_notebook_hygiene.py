@@ -115,6 +115,44 @@ def test_no_machine_paths(path):
         assert not m, f"{path.name} contains a path of the author's machine: {m.group(0)!r} (run `make execute`)"
 
 
+# A line that looks like a warning: Python's (UserWarning: ...), a lower-case "warning:" prefix, or
+# matplotlib's font messages (findfont: ...).
+WARNING_LINE = re.compile(r"\w*Warning:|\bwarning:|findfont:")
+WARNING_TAG = "warning-lesson"  # the cell teaches a warning: showing it is the point
+
+
+def _output_text(out: dict) -> str:
+    if out["output_type"] == "stream":
+        return src({"source": out.get("text", "")})
+    if out["output_type"] == "error":
+        return f"{out.get('ename')}: {out.get('evalue')}"
+    return src({"source": out.get("data", {}).get("text/plain", "")})
+
+
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
+def test_no_stored_warning_unless_it_is_the_lesson(path):
+    """A warning in a stored output is either a lesson (the cell is tagged `warning-lesson`) or a
+    defect that the reference hides: strict nbval passes as long as it comes back every time."""
+    found = []
+    for i, cell in enumerate(code_cells(load(path))):
+        if WARNING_TAG in cell.get("metadata", {}).get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            found += [f"code cell {i} ({cell.get('id')}): {line.strip()[:120]}"
+                      for line in _output_text(out).splitlines() if WARNING_LINE.search(line)]
+    assert not found, ("stored output with a warning; fix its cause, or tag the cell "
+                       f"`{WARNING_TAG}` if the warning is what it teaches:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
+def test_warning_lessons_show_their_warning(path):
+    """The tag is not a blanket: a cell tagged `warning-lesson` stores the warning it teaches."""
+    for i, cell in enumerate(code_cells(load(path))):
+        if WARNING_TAG in cell.get("metadata", {}).get("tags", []):
+            text = "\n".join(_output_text(out) for out in cell.get("outputs", []))
+            assert WARNING_LINE.search(text), f"code cell {i} ({cell.get('id')}) is tagged `{WARNING_TAG}` but shows no warning"
+
+
 @pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
 def test_no_widget_state(path):
     nb = load(path)

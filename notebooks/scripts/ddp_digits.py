@@ -72,7 +72,7 @@ def train_worker(rank: int, world_size: int, epochs: int = 10, batch_size: int =
         dist.all_reduce(sums)  # sum over ranks, then divide: the epoch's mean loss over all samples
         mean = (sums[0] / sums[1]).item()
         history.append({"epoch": epoch, "local_loss": local, "loss": mean})
-        rprint(f"epoch {epoch}: loss on my {len(sampler)} samples {local:.4f}, on all {int(sums[1])} {mean:.4f}")
+        rprint(f"epoch {epoch}: loss on my {len(sampler)} samples {local:.3f}, on all {int(sums[1])} {mean:.3f}")
 
     # Evaluate on every rank: each takes every world_size-th test image (no padding), then the
     # correct counts and totals are summed over ranks. Not the mean of the ranks' accuracies.

@@ -83,7 +83,7 @@ def main() -> None:
             opt.step()
             sums += torch.stack([loss.detach().double() * len(y), torch.tensor(len(y), device=dev)])
         dist.all_reduce(sums)
-        rprint(f"epoch {epoch}: mean loss over all ranks {(sums[0] / sums[1]).item():.4f}")
+        rprint(f"epoch {epoch}: mean loss over all ranks {(sums[0] / sums[1]).item():.3f}")
     exp_avg = opt.state[model.fc1.weight]["exp_avg"]
     rprint(f"AdamW state exp_avg of fc1.weight on this rank: {list(exp_avg.to_local().shape)} "
            f"(full {list(exp_avg.shape)})")

@@ -226,7 +226,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
                 row.update(test_acc=test.accuracy, test_loss=test.loss)
             with open(metrics, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            rprint(f"epoch {epoch + 1}/{cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val.loss:.4f}  "
+            rprint(f"epoch {epoch + 1}/{cfg.epochs}  train_loss {train_loss:.3f}  val_loss {val.loss:.3f}  "
                    f"val_acc {100 * val.accuracy:.2f}% ({val.correct}/{val.total})  ({t_train:.2f} s)")
         dist.barrier()
         if epoch + 1 == cfg.stop_after_epoch:
@@ -243,7 +243,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         atomic_save(model.state_dict(), out / "final.pt")
         write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     log(ctx, f"test accuracy {100 * test.accuracy:.2f}% ({test.correct}/{test.total}), "
-             f"test loss {test.loss:.4f}")
+             f"test loss {test.loss:.3f}")
     log(ctx, f"training time {train_s:.1f} s over {cfg.epochs} epochs ({summary['samples_per_s']:.0f} samples per s)")
     return summary
 
