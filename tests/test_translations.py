@@ -1,5 +1,6 @@
 """The Chinese edition (notebooks-zh/) is the build of the English notebooks and i18n/zh-CN/: every
-Markdown cell has a current translation, and the code cells are the English ones."""
+Markdown cell has a current translation, and every code cell is the English one, token for token
+but for comments and string literals (a code cell may be translated: its comments and printed labels)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,52 @@ def test_a_changed_english_word_makes_the_translation_stale(tmp_path, monkeypatc
 def test_chinese_notebook_metadata_names_its_language(nb):
     meta = json.loads((translate.TARGET / nb).read_text(encoding="utf-8"))["metadata"]
     assert meta["course"]["language"] == "zh-CN"
+
+
+def test_chinese_code_may_differ_in_comments_and_strings_only():
+    english = 'x = torch.ones(3)  # three ones\nprint(f"sum: {x.sum():.1f}", "done")\n'
+    assert translate.same_code(english, 'x = torch.ones(3)  # 三个 1\nprint(f"总和：{x.sum():.1f}", "完成")\n') is None
+    assert translate.same_code(english, "# 先建张量\nx = torch.ones(3)\n# 再打印\nprint(f'总和：{x.sum():.1f}', '完成')\n") is None
+    renamed = translate.same_code(english, 'y = torch.ones(3)  # 三个 1\nprint(f"sum: {x.sum():.1f}", "done")\n')
+    assert renamed == "line 1: 'y' where the English code has 'x'"
+    assert translate.same_code(english, 'x = torch.ones(4)\nprint(f"sum: {x.sum():.1f}", "done")\n').startswith("line 1: '4'")
+    assert translate.same_code(english, 'x = torch.ones(3)\n') is not None  # a line left out
+    assert translate.same_code(english, 'x = (torch.ones(3)\n').startswith("not Python code")
+
+
+def test_a_code_cells_translation_builds_and_an_identifier_changed_in_it_is_refused(tmp_path, monkeypatch):
+    """A code cell's translation (comments and printed labels in Chinese) builds into the Chinese
+    notebook; an identifier changed in it is refused, naming the cell and the line."""
+    source, words = tmp_path / "notebooks", tmp_path / "i18n"
+    source.mkdir()
+    words.mkdir()
+    english = 'total = sum(range(4))  # add them up\nprint("total:", total)\n'
+    nb = {"cells": [
+        {"cell_type": "markdown", "id": "aaaa0001", "metadata": {}, "source": ["# 09 · A test"]},
+        {"cell_type": "code", "id": "cccc0001", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": english.splitlines(keepends=True)},
+    ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb_path = source / "09_test.ipynb"
+    nb_path.write_text(json.dumps(nb), encoding="utf-8")
+    monkeypatch.setattr(translate, "SOURCE", source)
+    monkeypatch.setattr(translate, "TRANSLATIONS", words)
+
+    def write(code: str) -> None:
+        (words / "09_test.toml").write_text(
+            f'["aaaa0001"]\nhash = "{translate.text_hash("# 09 · A test")}"\nzh = "# 09 · 测试"\n\n'
+            f'["cccc0001"]\nhash = "{translate.text_hash(english)}"\nen = "total"\ncode = \'\'\'\n{code}\'\'\'\n',
+            encoding="utf-8")
+
+    write('total = sum(range(4))  # 全部加起来\nprint("总和：", total)\n')
+    assert translate.problems(nb_path) == []
+    built = translate.build_one(nb_path)["cells"][1]
+    assert "".join(built["source"]) == 'total = sum(range(4))  # 全部加起来\nprint("总和：", total)'
+    write('total = sum(range(5))  # 全部加起来\nprint("总和：", total)\n')
+    (problem,) = translate.problems(nb_path)
+    assert problem.startswith("the Chinese code differs from the English beyond comments and strings: "
+                              "09_test.ipynb cell cccc0001 (")
+    assert problem.endswith("line 1: '5' where the English code has '4'")
+    nb["cells"][1]["source"] = ["total = sum(range(3))\n"]
+    nb_path.write_text(json.dumps(nb), encoding="utf-8")
+    (problem,) = translate.problems(nb_path)
+    assert problem.startswith("stale translation (the English code changed): 09_test.ipynb cell cccc0001")

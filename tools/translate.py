@@ -13,9 +13,12 @@ i18n/zh-CN/<notebook>.toml holds one table per Markdown cell, keyed by the cell'
     # 04 · 用真实进程运行 torch.distributed
     ...'''
 
-A translation whose English cell changed since (another hash) is stale: `check` and `build` name the
-cell by id and first words, and fail. Code cells are copied from the English notebook, so the code
-cannot drift; the Chinese notebooks' outputs come from running them (``python tasks.py execute``).
+A code cell may have an entry too, with ``code`` in place of ``zh``: the same code with its comments
+and string literals (the labels it prints) in Chinese. Nothing else may differ: ``same_code`` compares
+the two token by token (Python's tokenizer), leaving out only comments and strings, so the code cannot
+drift; a code cell without an entry is copied as it is. A translation whose English cell changed since
+(another hash) is stale: `check` and `build` name the cell by id and first words, and fail. The Chinese
+notebooks' outputs come from running them (``python tasks.py execute``).
 The build keeps a Chinese notebook's outputs while its code is unchanged, and marks the notebook's
 language in its metadata (``course.language``), where course_utils reads it.
 """
@@ -25,9 +28,11 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import io
 import json
 import re
 import sys
+import tokenize
 import tomllib
 from pathlib import Path
 
@@ -38,6 +43,41 @@ LANG = "zh-CN"
 SOURCE = ROOT / "notebooks"
 TARGET = ROOT / "notebooks-zh"
 TRANSLATIONS = ROOT / "i18n" / LANG
+
+
+#: tokens that may differ between a code cell and its translation: what a reader reads, not what runs
+_FREE_TOKENS = {tokenize.COMMENT, tokenize.STRING, tokenize.NL}
+if hasattr(tokenize, "FSTRING_MIDDLE"):  # Python 3.12+: an f-string's text, between its expressions
+    _FREE_TOKENS.add(tokenize.FSTRING_MIDDLE)
+
+
+def code_tokens(source: str) -> list[tuple[int, str]]:
+    """The tokens of `source` that decide what it does: every token but comments, string literals
+    (an f-string's text parts, on Python 3.12+) and line breaks inside a statement."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError) as exc:
+        raise ValueError(f"not Python code the tokenizer can read: {exc}") from exc
+    blank = (tokenize.NEWLINE, tokenize.DEDENT, tokenize.ENDMARKER)  # ("\n" or "" at the very end)
+    return [(t.type, "" if t.type in blank else t.string) for t in tokens if t.type not in _FREE_TOKENS]
+
+
+def same_code(english: str, chinese: str) -> str | None:
+    """None if `chinese` is `english` with other comments and string literals only; else where the
+    first other token differs (line numbers of the Chinese cell)."""
+    try:
+        en, zh = code_tokens(english), code_tokens(chinese)
+    except ValueError as exc:
+        return str(exc)
+    if en == zh:
+        return None
+    tokens = list(tokenize.generate_tokens(io.StringIO(chinese).readline))
+    kept = [t for t in tokens if t.type not in _FREE_TOKENS]
+    k = next((i for i, (a, b) in enumerate(zip(en, zh, strict=False)) if a != b), min(len(en), len(zh)))
+    line = kept[k].start[0] if k < len(kept) else len(chinese.splitlines())
+    want = en[k][1] if k < len(en) else "(end of cell)"
+    got = zh[k][1] if k < len(zh) else "(end of cell)"
+    return f"line {line}: {got!r} where the English code has {want!r}"
 
 
 def text_hash(text: str) -> str:
@@ -74,12 +114,22 @@ def problems(nb_path: Path) -> list[str]:
     found = []
     ids = set()
     for cell in nb["cells"]:
-        if cell["cell_type"] != "markdown":
-            continue
-        ids.add(cell["id"])
         src = "".join(cell["source"])
         entry = done.get(cell["id"])
         where = f"{nb_path.name} cell {cell['id']} ({first_words(src, 50)!r})"
+        if cell["cell_type"] == "code":
+            if entry is None:
+                continue  # copied as it is
+            ids.add(cell["id"])
+            if entry.get("hash") != text_hash(src):
+                found.append(f"stale translation (the English code changed): {where}")
+            elif (differs := same_code(src, str(entry.get("code", "")).strip("\n"))) is not None:
+                found.append(f"the Chinese code differs from the English beyond comments and strings: {where}, "
+                             f"{differs}")
+            continue
+        if cell["cell_type"] != "markdown":
+            continue
+        ids.add(cell["id"])
         if entry is None or not str(entry.get("zh", "")).strip() or _untranslated(src, entry["zh"]):
             found.append(f"missing translation: {where}")
         elif entry.get("hash") != text_hash(src):
@@ -103,7 +153,10 @@ def build_one(nb_path: Path) -> dict:
     for cell in out["cells"]:
         if cell["cell_type"] == "markdown":
             cell["source"] = done[cell["id"]]["zh"].strip("\n").splitlines(keepends=True)
-        elif (cell["id"], "".join(cell["source"])) in kept:
+            continue
+        if "code" in done.get(cell["id"], {}):
+            cell["source"] = done[cell["id"]]["code"].strip("\n").splitlines(keepends=True)
+        if (cell["id"], "".join(cell["source"])) in kept:
             prev = kept[(cell["id"], "".join(cell["source"]))]
             cell["outputs"], cell["execution_count"] = prev["outputs"], prev["execution_count"]
     out["metadata"]["course"] = {"language": LANG, "built_from": f"notebooks/{nb_path.name}"}
