@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
+.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser hub test-hub execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
 # the Chinese edition (notebooks-zh/), in a JupyterLab in Chinese
@@ -19,6 +19,11 @@ test-slurm:
 	@$(PYTHON) tasks.py test-slurm
 test-browser:
 	@$(PYTHON) tasks.py test-browser
+# the workshop room on a Linux server, as root: a JupyterHub for the class (`python3 tasks.py hub --help`)
+hub:
+	@$(PYTHON) tasks.py hub
+test-hub:
+	@$(PYTHON) tasks.py test-hub
 execute:
 	@$(PYTHON) tasks.py execute
 bench:
@@ -42,4 +47,4 @@ slides:
 guide:
 	@$(PYTHON) tasks.py guide
 lint: setup
-	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py tools benchmarks
+	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py tools benchmarks deploy

@@ -626,10 +626,12 @@ def hub_parser():
         "name, their own password and, the first time, the room password; each gets a system account and "
         "a copy of the course from this clone. Ctrl-C stops it (the learners' files stay)."))
     a = p.add_argument
-    a("--ip", default="127.0.0.1", help="the address to listen on: 0.0.0.0 for every network of this server "
-                                        "(default: this machine only)")
-    a("--port", type=int, default=8000)
-    a("--learners", type=int, default=30, help="how many learners at once: sets the threads per kernel")
+    env = os.environ.get
+    a("--ip", default=env("COURSE_HUB_IP", "127.0.0.1"), help="the address to listen on: 0.0.0.0 for every "
+      "network of this server (default: $COURSE_HUB_IP, else this machine only)")
+    a("--port", type=int, default=int(env("COURSE_HUB_PORT", "8000")), help="default: $COURSE_HUB_PORT, else 8000")
+    a("--learners", type=int, default=int(env("COURSE_HUB_LEARNERS", "30")),
+      help="how many learners at once, for the threads per kernel (default: $COURSE_HUB_LEARNERS, else 30)")
     a("--instructor", default="instructor", help="the admin's name (signs in with the admin password)")
     a("--room-password", default=os.environ.get("COURSE_HUB_ROOM_PASSWORD", ""),
       help="the password for the board (default: $COURSE_HUB_ROOM_PASSWORD, the last one, or a new one)")
@@ -764,8 +766,8 @@ def cmd_test_hub(argv):
             die("the hub lane needs Chromium: on Debian or Ubuntu `apt-get install chromium`.")
     env = dict(os.environ, COURSE_HUB_LANE="1", COURSE_PROGRESS="0")
     env.pop("JUPYTER_TOKEN", None)
-    args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "hub")] + list(argv)
-    return in_venv(args, env=env)
+    targets = [str(ROOT / "tests" / "test_hub.py"), str(ROOT / "tests" / "hub")] + list(argv)
+    return in_venv(["-m", "pytest", "-p", "no:cacheprovider", "-s"] + targets, env=env)
 
 
 PYTHONS = ("3.11", "3.12", "3.13")
