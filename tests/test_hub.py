@@ -100,6 +100,18 @@ def test_a_learners_own_password_opens_their_name_and_nothing_else(tmp_path):
     assert not claims.verify("bob", "anything")  # a damaged entry opens nothing
 
 
+def test_a_whole_room_signing_in_at_once_loses_no_name(tmp_path):
+    """The hub checks passwords in threads: 30 first sign-ins at once must leave 30 names taken."""
+    import concurrent.futures
+
+    claims = R.Claims(tmp_path / "claims.json")
+    names = [f"learner{i}" for i in range(30)]
+    with concurrent.futures.ThreadPoolExecutor(30) as pool:
+        list(pool.map(lambda n: claims.claim(n, n + "-password"), names))
+    assert claims.names() == sorted(names)
+    assert all(claims.verify(n, n + "-password") for n in names[::7])
+
+
 def test_a_room_password_is_easy_to_write_on_a_board():
     words = R.make_password()
     assert len(words) >= R.PASSWORD_MIN and all(c in "abcdefghjkmnpqrstuvwxyz23456789-" for c in words)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import grp
 import hashlib
 import hmac
@@ -27,6 +28,7 @@ import secrets
 import signal
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -167,9 +169,23 @@ class Claims:
     opens it, so that nobody can sign in as someone else with the room password."""
 
     N, R, P = 2**14, 8, 1  # scrypt: 16 MiB, a few tens of milliseconds per check
+    _thread_lock = threading.Lock()  # the hub checks passwords in threads: one change of the file at a time
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+
+    @contextlib.contextmanager
+    def _changing(self):
+        """The file to ourselves while it is read, changed and written back: a whole room signing in at
+        once must not lose a name (the hub's threads, and any other process, such as `--release`)."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._thread_lock:
+            fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     def _load(self) -> dict[str, dict[str, str]]:
         try:
@@ -198,13 +214,15 @@ class Claims:
 
     def claim(self, name: str, password: str) -> None:
         """Give `name` the password `password`; ValueError if the name is taken."""
-        data = self._load()
-        if name in data:
-            raise ValueError(f"the name {name!r} is taken")
         salt = secrets.token_bytes(16)
-        data[name] = {"salt": salt.hex(), "scrypt": self._hash(password, salt).hex(),
-                      "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        self._save(data)
+        entry = {"salt": salt.hex(), "scrypt": self._hash(password, salt).hex(),
+                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        with self._changing():
+            data = self._load()
+            if name in data:
+                raise ValueError(f"the name {name!r} is taken")
+            data[name] = entry
+            self._save(data)
 
     def verify(self, name: str, password: str) -> bool:
         entry = self._load().get(name)
@@ -219,11 +237,12 @@ class Claims:
     def release(self, name: str) -> bool:
         """Forget `name`'s password (the learner takes the name again with the room password; their
         account and files stay). Returns whether it was taken."""
-        data = self._load()
-        if data.pop(name, None) is None:
-            return False
-        self._save(data)
-        return True
+        with self._changing():
+            data = self._load()
+            if data.pop(name, None) is None:
+                return False
+            self._save(data)
+            return True
 
 
 # --- accounts ------------------------------------------------------------------------------------
