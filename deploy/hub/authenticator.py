@@ -7,12 +7,15 @@ password could sign in as any learner (``SharedPasswordAuthenticator`` says so o
 accounts that keep learners' files apart would keep nobody out. The instructor signs in with the admin
 password (``admin_users``), as ``SharedPasswordAuthenticator`` does it.
 
-On first sign-in the hub user ``ada`` gets the system account ``course-ada`` (see ``room.ensure_account``).
+``RoomPasswordAuthenticator`` is the sign-in alone (what Kubernetes uses, where each learner's server is
+a pod of its own); ``RoomAuthenticator`` adds the system account of each learner on one server: on first
+sign-in the hub user ``ada`` gets ``course-ada`` (see ``room.ensure_account``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from secrets import compare_digest
 
 from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
 from jupyterhub.handlers.login import LoginHandler
@@ -39,13 +42,10 @@ class RoomLoginHandler(LoginHandler):
             self.finish(await self._render(login_error=str(refused), username=username))
 
 
-class RoomAuthenticator(SharedPasswordAuthenticator):
-    """Room password to take a name, the learner's own password after that; one account per learner."""
+class RoomPasswordAuthenticator(SharedPasswordAuthenticator):
+    """Room password to take a name, the learner's own password after that."""
 
     claims_file = Unicode(help="the JSON file of names taken and their own passwords (room.Claims)").tag(config=True)
-    account_prefix = Unicode(room.ACCOUNT_PREFIX, help="system account = prefix + hub name").tag(config=True)
-    group = Unicode(room.GROUP, help="the system group of the learners' accounts").tag(config=True)
-    home_base = Unicode("/home", help="where the learners' homes are made").tag(config=True)
     lang = Unicode("en", help="the language of the messages: en or zh").tag(config=True)
 
     @default("request_otp")
@@ -110,9 +110,15 @@ class RoomAuthenticator(SharedPasswordAuthenticator):
 
     @staticmethod
     def _same(a: str, b: str) -> bool:
-        from secrets import compare_digest
-
         return compare_digest(a.encode(), b.encode())
+
+
+class RoomAuthenticator(RoomPasswordAuthenticator):
+    """The room's sign-in on one server, with one system account per learner."""
+
+    account_prefix = Unicode(room.ACCOUNT_PREFIX, help="system account = prefix + hub name").tag(config=True)
+    group = Unicode(room.GROUP, help="the system group of the learners' accounts").tag(config=True)
+    home_base = Unicode("/home", help="where the learners' homes are made").tag(config=True)
 
     async def add_user(self, user):
         """A user's first sign-in (and every user at the hub's start): their system account."""
