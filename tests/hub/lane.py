@@ -213,13 +213,24 @@ def pss_by_account(lane: Lane) -> dict[str, int]:
     return found
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class MemorySampler:
-    """The peak PSS of each account, sampled every `every_s` seconds in a thread while the block runs."""
+    """Every `every_s` seconds while the block runs, in a thread: each account's peak PSS, and the CPU
+    seconds its processes used during the block (each process's last reading less its reading at the
+    start, summed: a process that ends between two readings loses under `every_s` of its time)."""
 
     def __init__(self, lane: Lane, every_s: float = 1.0):
         import threading
 
-        self.lane, self.every_s, self.peak = lane, every_s, {}
+        self.lane, self.every_s = lane, every_s
+        self.peak: dict[str, int] = {}
+        self._cpu: dict[str, dict[int, float]] = {}
+        self._start: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -227,9 +238,22 @@ class MemorySampler:
         while not self._stop.is_set():
             for name, pss in pss_by_account(self.lane).items():
                 self.peak[name] = max(self.peak.get(name, 0), pss)
+            for name, pids in self.lane.processes().items():
+                seen = self._cpu.setdefault(name, {})
+                for pid in pids:
+                    with contextlib.suppress(OSError, IndexError, ValueError):
+                        seen[pid] = cpu_seconds(pid)
             self._stop.wait(self.every_s)
 
+    @property
+    def cpu(self) -> dict[str, float]:
+        return {name: sum(t - self._start.get(pid, 0.0) for pid, t in seen.items()) for name, seen in self._cpu.items()}
+
     def __enter__(self) -> MemorySampler:
+        for pids in self.lane.processes().values():
+            for pid in pids:
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    self._start[pid] = cpu_seconds(pid)
         self._thread.start()
         return self
 

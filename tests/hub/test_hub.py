@@ -19,6 +19,7 @@ the end (lane.py). The times are printed at the end and written to ``.hub-lane/t
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import hashlib
 import json
@@ -68,7 +69,9 @@ def lane():
         times["hub start (s)"] = round(room.start(), 1)
         yield room
     finally:
+        t1 = time.monotonic()
         problems = room.close()
+        times["teardown: hub stopped, accounts and group removed (s)"] = round(time.monotonic() - t1, 1)
         left = room.processes()
         if room.log and room.log.exists():
             shutil.copy(room.log, REPORT / "hub.log")
@@ -193,6 +196,8 @@ def test_chapters_00_and_01_run_in_every_server_at_once(lane):
     peak = sorted(memory.peak.values())
     times["memory per learner, peak PSS (MiB): min / median / max"] = (
         f"{peak[0] / 2**20:.0f} / {peak[len(peak) // 2] / 2**20:.0f} / {peak[-1] / 2**20:.0f}")
+    cpu = sorted(memory.cpu.values())
+    times["CPU seconds per learner during it: min / max"] = f"{cpu[0]:.0f} / {cpu[-1]:.0f}"
     times["load during the run"] = load_line()
 
 
@@ -259,6 +264,20 @@ def test_the_instructors_view_shows_the_answers_and_refuses_learners(lane, instr
     for name in ("ada", BROWSER):
         for what in ("", "progress.csv", "progress.json"):
             assert _view(learners[name], what).status_code == 403, (name, what)
+
+
+def test_the_view_reads_the_same_through_the_servers(lane, instructor):
+    """Kubernetes' way (--source servers: each progress file through its learner's server, with a token
+    that may access the servers) gives what the files give."""
+    from deploy.hub import progress_view as V
+
+    async def through_servers():
+        view = V.View(V.Hub(f"{lane.url}/hub/api", instructor.token), "servers", lane.prefix, lane.url, "en", 10)
+        return await view.learners()
+
+    through = {x.name: (x.records, x.error) for x in asyncio.run(through_servers())}
+    files = {x.name: (x.records, x.error) for x in V.read_from_files(NAMES, lane.prefix)}
+    assert through == files and all(records for records, _ in files.values())
 
 
 def _fingerprint(lane: Lane) -> dict[str, str]:
