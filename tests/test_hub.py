@@ -368,3 +368,39 @@ def test_the_hub_needs_root_and_says_so(monkeypatch, capsys):
         tasks.cmd_hub(["--setup-only"])
     err = capsys.readouterr().err
     assert "must run as root" in err and "sudo make hub" in err
+
+
+# --- beyond one server: Kubernetes and Binder -----------------------------------------------------
+
+
+def test_the_kubernetes_files_name_what_exists():
+    """values.yaml starts what the repository has, and the Dockerfiles copy files that exist."""
+    yaml = pytest.importorskip("yaml")
+    import re
+
+    values = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "values.yaml").read_text())
+    assert values["singleuser"]["cmd"] == ["/opt/course/.venv/bin/python", "/opt/course/deploy/hub/start_server.py"]
+    assert {"COURSE_HUB_REPO", "COURSE_HUB_BRANCH", "COURSE_PROGRESS"} <= set(values["singleuser"]["extraEnv"])
+    module, _, cls = values["hub"]["config"]["JupyterHub"]["authenticator_class"].rpartition(".")
+    assert module == "deploy.hub.authenticator" and cls == "RoomPasswordAuthenticator"
+    view = values["hub"]["services"]["course-progress"]
+    assert view["command"][:3] == ["python3", "-m", "deploy.hub.progress_view"] and "servers" in view["command"]
+    assert "access:servers" in values["hub"]["loadRoles"]["course-progress"]["scopes"]
+    assert view["url"].endswith(":8090") and values["hub"]["service"]["extraPorts"][0]["port"] == 8090
+    for dockerfile in ("singleuser.Dockerfile", "hub.Dockerfile"):
+        text = (ROOT / "deploy" / "kubernetes" / dockerfile).read_text().replace("\\\n", " ")
+        for line in re.findall(r"^COPY (.+)$", text, re.M):
+            for src in line.split()[:-1]:
+                assert (ROOT / src).exists(), f"{dockerfile} copies {src}, which does not exist"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and "deploy/hub/node_modules" in ignored
+
+
+def test_binder_installs_the_course_pins():
+    lines = [ln.strip() for ln in (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines == ["--extra-index-url https://download.pytorch.org/whl/cpu", "-r ../requirements.txt"]
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.11"
+    for script in ("postBuild", "start"):
+        assert os.access(ROOT / "binder" / script, os.X_OK), f"binder/{script} must be executable"
+    assert 'exec "$@"' in (ROOT / "binder" / "start").read_text()
