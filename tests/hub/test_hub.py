@@ -261,6 +261,10 @@ def check_view(instructor: Learner) -> None:
 
 def test_the_instructors_view_shows_the_answers_and_refuses_learners(lane, instructor):
     check_view(instructor)
+    # the hub's Services menu offers it to the instructor, not to a learner
+    assert "/services/course-progress/" in _api(instructor, "/hub/home").text
+    home = _api(learners["ada"], "/hub/home")
+    assert home.status_code == 200 and "/services/course-progress/" not in home.text
     for name in ("ada", BROWSER):
         for what in ("", "progress.csv", "progress.json"):
             assert _view(learners[name], what).status_code == 403, (name, what)
