@@ -9,6 +9,7 @@ those folders (o+x: no listing) for its duration and puts their modes back after
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -182,11 +183,14 @@ class Lane:
             self.stop()
         except Exception as exc:  # go on: the accounts and modes must still be put back
             problems.append(f"stopping the hub: {exc}")
-        for entry in self.accounts():
+        def remove(name: str) -> None:
             try:
-                R.remove_account(entry.pw_name, self.group)
+                R.remove_account(name, self.group)
             except Exception as exc:
-                problems.append(f"removing {entry.pw_name}: {exc}")
+                problems.append(f"removing {name}: {exc}")
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # each home holds a copy of the course
+            list(pool.map(remove, [e.pw_name for e in self.accounts()]))
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             subprocess.run(["groupdel", self.group], capture_output=True, timeout=60)
         for folder, mode in self.granted.items():
