@@ -25,6 +25,7 @@ import os
 import pwd
 import re
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -248,8 +249,12 @@ class Claims:
 # --- accounts ------------------------------------------------------------------------------------
 
 
+_accounts_lock = threading.Lock()  # useradd, groupadd and userdel lock /etc/passwd: one at a time, not a failed try
+
+
 def _run(cmd: list[str]) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    with _accounts_lock:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     if r.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({r.returncode}): {(r.stderr or r.stdout).strip()}")
 
@@ -299,7 +304,10 @@ def remove_account(account: str, group: str = GROUP) -> bool:
     if entry.pw_uid < MIN_UID or not in_group(entry, group):
         raise PermissionError(f"{account!r} is not a learner's account; not removing it")
     stop_processes(entry.pw_uid)
-    _run(["userdel", "--remove", account])
+    home = Path(entry.pw_dir)
+    if home.is_dir() and home.stat().st_uid == entry.pw_uid:  # their home, with its copy of the course
+        shutil.rmtree(home)
+    _run(["userdel", account])
     return True
 
 
