@@ -87,7 +87,7 @@ def test_sizing_rounds():
                          statistics.median(run_sample.cpu.values()), max(launches),
                          statistics.median(launch_sample.cpu.values()), _mib(peak.values())))
             lane.stop()
-        header = ("| learners at once | threads per kernel | load before (1 min) | all servers ready (s) | "
+        header = ("| learners at once | threads per kernel | load average before | all servers ready (s) | "
                   "chapter 01 Run All, all done (s) | one learner's Run All, median (s) | CPU s per learner, "
                   "Run All | 2-rank launch, slowest (s) | CPU s per learner, launch | peak memory per learner, "
                   "PSS MiB, median (max) |")
