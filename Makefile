@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser test-portable execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
+.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser test-portable hub test-hub execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
 # the Chinese edition (notebooks-zh/), in a JupyterLab in Chinese
@@ -22,6 +22,11 @@ test-browser:
 # strict nbval of both editions under other CPU levels (no vector extensions, AVX2) and on one core
 test-portable:
 	@$(PYTHON) tasks.py test-portable
+# the workshop room on a Linux server, as root: a JupyterHub for the class (`python3 tasks.py hub --help`)
+hub:
+	@$(PYTHON) tasks.py hub
+test-hub:
+	@$(PYTHON) tasks.py test-hub
 execute:
 	@$(PYTHON) tasks.py execute
 bench:
@@ -45,4 +50,4 @@ slides:
 guide:
 	@$(PYTHON) tasks.py guide
 lint: setup
-	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py tools benchmarks
+	@.venv/bin/python -m ruff check course_utils tests notebooks/scripts tasks.py tools benchmarks deploy

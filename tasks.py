@@ -12,6 +12,9 @@
     python tasks.py test-browser # every notebook run and its widgets used in JupyterLab, in headless Chromium
     python tasks.py test-portable [--levels L,...]
                                  # strict nbval of both editions as other CPUs compute (tools/portable.py)
+    python tasks.py hub [--ip 0.0.0.0 --learners 30 ...]
+                                 # a JupyterHub for a workshop room on this Linux server (as root; --help)
+    python tasks.py test-hub     # the room for real: 6 learners, chapters 00-01 at once, the view, the culler
     python tasks.py stress [--script-runs N] [--notebook-runs M] [--only scripts|notebooks] [--script NAME]
                                  # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
@@ -527,6 +530,255 @@ def cmd_test_browser(argv):
     return in_venv(args, env=env)
 
 
+# --- the workshop room: JupyterHub on one server (deploy/hub/, docs/instructor/hub.md) ---------------
+HUB = ROOT / "deploy" / "hub"
+HUB_REQUIREMENTS = HUB / "requirements.txt"
+HUB_STATE = ROOT / ".hub"
+NODE_MIN = (20, 19)  # configurable-http-proxy 5.3's commander loads ES modules with require()
+
+
+def _freeze(py):
+    r = subprocess.run([str(py), "-m", "pip", "freeze", "--disable-pip-version-check", "--exclude-editable"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    if r.returncode != 0:
+        die("pip freeze failed in %s: %s" % (shown_path(VENV), r.stderr.strip()[-500:]))
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def freeze_changes(before, after):
+    """What a pip install did to a venv, from `pip freeze` before and after: (the packages added, the
+    lines of `before` that changed or went)."""
+    return sorted(set(after) - set(before), key=str.lower), sorted(set(before) - set(after), key=str.lower)
+
+
+def ensure_hub_packages(py):
+    """The hub's pins (deploy/hub/requirements.txt) in .venv, where the learners' servers run: installed
+    with the current `pip freeze` of .venv as constraints, so pip may add packages but change none; the
+    freeze before and after proves it (and a change stops everything)."""
+    stamp = VENV / ".hub-stamp"
+    want = hashlib.sha256(HUB_REQUIREMENTS.read_bytes() + stamp_value().encode()).hexdigest()
+    if stamp.exists() and stamp.read_text().strip() == want:
+        return
+    before = _freeze(py)
+    constraints = VENV / "hub-constraints.txt"
+    constraints.write_text("".join(ln + "\n" for ln in before))
+    log = VENV / "pip-hub-install.log"
+    print("Installing the hub's packages (%s) into %s, with its current versions as constraints "
+          "(log: %s) ..." % (shown_path(HUB_REQUIREMENTS), shown_path(VENV), shown_path(log)), flush=True)
+    with open(log, "w") as fh:
+        r = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(HUB_REQUIREMENTS),
+                            "--constraint", str(constraints)], stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                           timeout=1800)
+    text = log.read_text(errors="replace")
+    if r.returncode != 0:
+        if "conflict" in text.lower() or "ResolutionImpossible" in text:
+            die("the hub's packages (%s) need other versions of packages already in %s, and the course's own "
+                "versions win: update the hub's pins to ones that fit (log: %s)." % (
+                    shown_path(HUB_REQUIREMENTS), shown_path(VENV), shown_path(log)))
+        die(_explain_pip_failure(text) + " (log: %s)" % shown_path(log))
+    added, changed = freeze_changes(before, _freeze(py))
+    if changed:
+        die("installing the hub's packages changed %s in %s: %s. Run `make setup` to restore the pinned "
+            "versions." % ("a package" if len(changed) == 1 else "packages", shown_path(VENV), ", ".join(changed)))
+    print("Added to %s: %s. pip freeze before and after: no installed package changed its version." % (
+        shown_path(VENV), ", ".join(added) or "nothing"), flush=True)
+    stamp.write_text(want + "\n")
+
+
+def ensure_proxy():
+    """configurable-http-proxy, pinned by deploy/hub/package-lock.json, in deploy/hub/node_modules (`npm ci`)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        die("the hub's proxy needs Node.js %d.%d or newer and npm: on Debian or Ubuntu `apt-get install nodejs "
+            "npm` (or nodejs.org), then run this again." % NODE_MIN)
+    version = subprocess.run([node, "--version"], stdout=subprocess.PIPE, universal_newlines=True, timeout=60).stdout
+    found = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    if found < NODE_MIN:
+        die("the hub's proxy needs Node.js %d.%d or newer; this is %s." % (NODE_MIN + (version.strip(),)))
+    lock = HUB / "package-lock.json"
+    stamp = HUB / "node_modules" / ".course-lock"
+    want = hashlib.sha256(lock.read_bytes()).hexdigest()
+    if (HUB / "node_modules" / ".bin" / "configurable-http-proxy").exists() and stamp.exists() \
+            and stamp.read_text().strip() == want:
+        return
+    print("Installing the hub's proxy from %s (npm ci) ..." % shown_path(lock), flush=True)
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=str(HUB), timeout=900)
+    if r.returncode != 0:
+        die("`npm ci` failed in %s: npm needs its registry (or a mirror: `npm config set registry URL`)."
+            % shown_path(HUB))
+    stamp.write_text(want + "\n")
+
+
+def _git(args, cwd):
+    r = subprocess.run(["git"] + list(args), cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, timeout=60)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _hub_checks():
+    if not sys.platform.startswith("linux"):
+        die("the workshop hub runs on a Linux server (one system account per learner).")
+    if os.geteuid() != 0:
+        die("the workshop hub must run as root: it creates one system account per learner and starts each "
+            "learner's server as that account. Run `sudo make hub` (or `sudo python3 tasks.py hub`).")
+    missing = [t for t in ("git", "useradd", "groupadd", "userdel") if not shutil.which(t)
+               and not Path("/usr/sbin", t).exists()]
+    if missing:
+        die("the workshop hub needs %s (on Debian or Ubuntu: apt-get install git passwd)." % ", ".join(missing))
+
+
+def hub_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python tasks.py hub", description=(
+        "A JupyterHub for a workshop room on this server (docs/instructor/hub.md). Learners sign in with a "
+        "name, their own password and, the first time, the room password; each gets a system account and "
+        "a copy of the course from this clone. Ctrl-C stops it (the learners' files stay)."))
+    a = p.add_argument
+    env = os.environ.get
+    a("--ip", default=env("COURSE_HUB_IP", "127.0.0.1"), help="the address to listen on: 0.0.0.0 for every "
+      "network of this server (default: $COURSE_HUB_IP, else this machine only)")
+    a("--port", type=int, default=int(env("COURSE_HUB_PORT", "8000")), help="default: $COURSE_HUB_PORT, else 8000")
+    a("--learners", type=int, default=int(env("COURSE_HUB_LEARNERS", "30")),
+      help="how many learners at once, for the threads per kernel (default: $COURSE_HUB_LEARNERS, else 30)")
+    a("--instructor", default="instructor", help="the admin's name (signs in with the admin password)")
+    a("--room-password", default=os.environ.get("COURSE_HUB_ROOM_PASSWORD", ""),
+      help="the password for the board (default: $COURSE_HUB_ROOM_PASSWORD, the last one, or a new one)")
+    a("--lang", choices=("en", "zh"), default=None, help="zh: the Chinese notebooks, the view in Chinese")
+    a("--cull-after", type=int, default=None, help="stop a server idle for this many seconds (default 3600)")
+    a("--ssl-cert", default="")
+    a("--ssl-key", default="")
+    a("--state", default=str(HUB_STATE), help="the hub's folder: database, passwords, room.json (default .hub/)")
+    a("--home-base", default="/home", help="where the learners' homes are made")
+    a("--account-prefix", default=None, help="system account = prefix + name (default course-)")
+    a("--group", default=None, help="the learners' system group (default course-learners)")
+    a("--release", metavar="NAME", help="forget NAME's own password (they take the name again with the room "
+                                        "password; their files stay), then exit")
+    # for the test lane and unusual machines
+    a("--repo", default="", help="the clone learners pull (default: this course folder)")
+    a("--branch", default="", help="its branch (default: the one checked out)")
+    a("--hub-port", type=int, default=8081)
+    a("--proxy-api-port", type=int, default=8001)
+    a("--view-port", type=int, default=8090)
+    a("--cull-every", type=int, default=0)
+    a("--activity-interval", type=int, default=300)
+    a("--setup-only", action="store_true", help="install and check everything, write room.json, do not start")
+    return p
+
+
+def cmd_hub(argv):
+    """A JupyterHub for a workshop room on this server (see hub_parser and docs/instructor/hub.md)."""
+    o = hub_parser().parse_args(argv)
+    _hub_checks()
+    sys.path.insert(0, str(ROOT))
+    from deploy.hub import room as R
+
+    state = Path(o.state).resolve()
+    if o.release:
+        if R.Claims(state / "claims.json").release(o.release):
+            print("%s's own password is forgotten: they sign in again with the room password and a new "
+                  "password of their own, and find their files." % o.release)
+            return 0
+        die("nobody has taken the name %r in %s." % (o.release, state))
+    old = R.Room.load(state) if (state / "room.json").exists() else None
+    py = ensure_venv()
+    ensure_hub_packages(py)
+    ensure_proxy()
+    repo = Path(o.repo or ROOT).resolve()
+    branch = o.branch or _git(["symbolic-ref", "--short", "HEAD"], repo)
+    if not branch:
+        die("%s has no branch checked out (a detached HEAD): learners pull a branch. `git switch main` there "
+            "(or name one with --branch)." % repo)
+    git_dirs = [_git(["rev-parse", "--absolute-git-dir"], repo), _git(["rev-parse", "--path-format=absolute",
+                                                                       "--git-common-dir"], repo)]
+    if not all(git_dirs):
+        die("%s is not a git clone: learners' copies are pulled from one." % repo)
+    venv = VENV.resolve()
+    reach = [(venv, "the course's .venv"), (Path(os.path.realpath(str(venv_python()))), "the .venv's Python"),
+             (repo, "the instructor's clone"), (Path(git_dirs[1]), "the clone's git folder"),
+             (HUB / "start_server.py", "the hub's start script")]
+    for path, what in reach:
+        problem = R.reach_problem(path, what)
+        if problem:
+            die(problem)
+    room_password = o.room_password or (old.room_password if old else "") or R.make_password()
+    if len(room_password) < R.PASSWORD_MIN:
+        die("the room password must have at least %d characters." % R.PASSWORD_MIN)
+    admin_password = (old.admin_password if old else "") or secrets_token(R.ADMIN_PASSWORD_MIN)
+    if room_password == admin_password:
+        die("the room password must not be the admin password.")
+    cores = R.cpu_cores()
+    room = R.Room(
+        state=str(state), root=str(ROOT), venv=str(venv), repo=str(repo), branch=branch, ip=o.ip, port=o.port,
+        hub_port=o.hub_port, proxy_api_port=o.proxy_api_port, view_port=o.view_port, learners=o.learners,
+        cores=cores, threads=R.threads_per_kernel(cores, o.learners), instructor=o.instructor.lower(),
+        room_password=room_password, admin_password=admin_password,
+        account_prefix=o.account_prefix if o.account_prefix is not None else (old.account_prefix if old else R.ACCOUNT_PREFIX),
+        group=o.group if o.group is not None else (old.group if old else R.GROUP),
+        home_base=o.home_base, lang=o.lang or (old.lang if old else "en"),
+        cull_after_s=o.cull_after or (old.cull_after_s if old else 3600), cull_every_s=o.cull_every,
+        activity_interval_s=o.activity_interval, ssl_cert=o.ssl_cert, ssl_key=o.ssl_key,
+        safe_directories=sorted({str(repo), str(repo / ".git")} | set(git_dirs)),
+    )
+    if not R.valid_name(room.instructor):
+        die("the instructor's name must be 1 to 23 lower-case letters, digits, - or _, starting with a letter.")
+    path = room.save()
+    print("The room: %s (learners sign in there)\n"
+          "  room password (for the board): %s\n"
+          "  instructor: %s, with the admin password in %s (admin_password)\n"
+          "  %d learners on %d cores: %d thread%s per kernel; an idle server stops after %d min\n"
+          "  learners' copies from %s (%s); the view of the class: %sservices/course-progress/"
+          % (room.url, room.room_password, room.instructor, path, room.learners, cores, room.threads,
+             "" if room.threads == 1 else "s", room.cull_after_s // 60, repo, branch, room.url), flush=True)
+    if room.ip not in ("127.0.0.1", "localhost", "::1") and not room.ssl_cert:
+        print("Note: passwords travel in clear over plain HTTP. On a network you do not control, give the hub a "
+              "certificate (--ssl-cert, --ssl-key) or put it behind an HTTPS proxy.", flush=True)
+    if o.setup_only:
+        return 0
+    env = venv_env()
+    env["COURSE_HUB_STATE"] = str(state)
+    env.pop("PYTHONPATH", None)
+    os.chdir(str(state))
+    cmd = [str(py), "-m", "jupyterhub", "-f", str(HUB / "jupyterhub_config.py")]
+    sys.stdout.flush()
+    import signal
+
+    # a program started in the background by a shell ignores SIGINT, and its children would too: the hub
+    # stops its services and servers with SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.execve(str(py), cmd, env)
+
+
+def secrets_token(min_chars):
+    import secrets
+
+    token = secrets.token_urlsafe(min_chars)
+    return token if len(token) >= min_chars else token + secrets.token_urlsafe(min_chars)
+
+
+def cmd_test_hub(argv):
+    """The workshop room for real (tests/hub/): the hub on localhost, 6 learners (5 through the REST API,
+    1 through Chromium's login form), chapters 00 and 01 run in every learner's server at once, isolation,
+    the instructor's view, the culler, a restart; everything it started is stopped and its accounts removed."""
+    _hub_checks()
+    py = ensure_venv()
+    ensure_hub_packages(py)
+    ensure_proxy()
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        if shutil.which("apt-get"):
+            print("Installing Chromium (apt-get install chromium) for the login through the browser ...", flush=True)
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            subprocess.run(["apt-get", "update", "-qq"], env=env, timeout=600)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"], env=env,
+                           timeout=900)
+        if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+            die("the hub lane needs Chromium: on Debian or Ubuntu `apt-get install chromium`.")
+    env = dict(os.environ, COURSE_HUB_LANE="1", COURSE_PROGRESS="0")
+    env.pop("JUPYTER_TOKEN", None)
+    targets = [str(ROOT / "tests" / "test_hub.py"), str(ROOT / "tests" / "hub")] + list(argv)
+    return in_venv(["-m", "pytest", "-p", "no:cacheprovider", "-s"] + targets, env=env)
+
+
 PYTHONS = ("3.11", "3.12", "3.13")
 
 
@@ -709,6 +961,8 @@ COMMANDS = {
     "test-pythons": cmd_test_pythons,
     "test-spawn": cmd_test_spawn,
     "test-slurm": cmd_test_slurm,
+    "hub": cmd_hub,
+    "test-hub": cmd_test_hub,
 }
 
 

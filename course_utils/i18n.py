@@ -1,6 +1,7 @@
 """The course's language: English, or Chinese ("zh-CN") in the Chinese edition (notebooks-zh/).
 
-One setting, read in this order: the environment variable ``COURSE_LANG`` (``en`` or ``zh``); else
+One setting, read in this order: the language of a :func:`speaking` block (a server that answers each
+request in the language it asks for); else the environment variable ``COURSE_LANG`` (``en`` or ``zh``); else
 the ``course.language`` metadata of the running notebook (JupyterLab names it in
 ``JPY_SESSION_NAME``), else of the notebooks in the working directory (a kernel runs in its
 notebook's folder); else English. Code cells are the same in both editions: the helpers choose
@@ -9,11 +10,14 @@ their words with :func:`tr`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import os
 import unicodedata
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 LANGUAGES = ("en", "zh-CN")
@@ -43,8 +47,28 @@ def _from_notebook(path: Path) -> str | None:
         return None
 
 
+_speaking: contextvars.ContextVar[str | None] = contextvars.ContextVar("course_language", default=None)
+
+
+@contextlib.contextmanager
+def speaking(lang: str) -> Iterator[str]:
+    """Within the block, :func:`tr` answers in `lang` (``en``, ``zh``, ``zh-CN``...) whatever the
+    environment says; each thread and each asyncio task has its own. ValueError for another language."""
+    code = _normalise(lang)
+    if code is None:
+        raise ValueError(f"{lang!r} is not a language of the course (en, zh)")
+    token = _speaking.set(code)
+    try:
+        yield code
+    finally:
+        _speaking.reset(token)
+
+
 def language() -> str:
     """``"en"`` or ``"zh-CN"`` (see the module's docstring)."""
+    chosen = _speaking.get()
+    if chosen is not None:
+        return chosen
     env = os.environ.get("COURSE_LANG", "").strip()
     if env:
         lang = _normalise(env)

@@ -167,6 +167,11 @@ def read(path: Path | None = None) -> tuple[list[dict], int]:
             raw = f.read()
     finally:
         os.close(fd)
+    return parse(raw)
+
+
+def parse(raw: bytes) -> tuple[list[dict], int]:
+    """The records in the bytes of a progress file, and how many of its lines were unreadable."""
     records, bad = [], 0
     for line in raw.splitlines():
         if not line.strip():
@@ -202,9 +207,10 @@ def reset(path: Path | None = None) -> int:
     return lines
 
 
-def chapters() -> dict[str, list[str]]:
+def chapters(import_modules: bool = True) -> dict[str, list[str]]:
     """Every chapter's exercises in order, ``{"ch01": ["Q1", ...]}``, from the exercise modules (their
-    ``EXERCISES``; importing them imports torch). A module that does not import is read from its words
+    ``EXERCISES``; importing them imports torch). A module that does not import, or every module when
+    `import_modules` is False (a program without torch: the instructor's view), is read from its words
     file instead, which names the same exercises."""
     package = importlib.import_module(_EXERCISES)
     found = {}
@@ -212,6 +218,8 @@ def chapters() -> dict[str, list[str]]:
         if not (mod.startswith("ch") and mod[2:].isdigit()):
             continue
         try:
+            if not import_modules:
+                raise ImportError("read from the words file")
             exercises = importlib.import_module(f"{_EXERCISES}.{mod}").EXERCISES
             found[mod] = [ex.name for ex in exercises]
         except Exception:

@@ -130,3 +130,25 @@ def test_chinese_figures_ask_only_for_the_fonts_weight(tmp_path, monkeypatch, ca
         fig.savefig(tmp_path / "sampler.png")
         plt.close(fig)
     assert not [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()]
+
+
+def test_speaking_wins_over_the_environment_and_ends_with_its_block(monkeypatch):
+    """A server answers each request in the language it asks for: speaking() sets it for one block, in
+    one thread or task only, over COURSE_LANG, and the setting before it comes back after it."""
+    import threading
+
+    monkeypatch.setenv("COURSE_LANG", "en")
+    with i18n.speaking("zh") as code:
+        assert code == "zh-CN" and i18n.tr("done", "已完成") == "已完成"
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(i18n.tr("done", "已完成")))
+        worker.start()
+        worker.join()
+        assert seen == ["done"], "another thread kept its own language"
+        with i18n.speaking("en"):
+            assert i18n.tr("done", "已完成") == "done"
+        assert i18n.language() == "zh-CN"
+    assert i18n.language() == "en"
+    with pytest.raises(ValueError, match="not a language of the course"):
+        with i18n.speaking("fr"):
+            pass

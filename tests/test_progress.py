@@ -201,6 +201,24 @@ def test_exercises_are_read_from_the_words_files_when_a_module_does_not_import(m
     assert progress.chapters() == expected
 
 
+def test_a_program_without_torch_reads_the_words_files_only():
+    """The instructor's view runs without torch: chapters(import_modules=False) imports no exercise
+    module (checked in a fresh interpreter) and names the same exercises."""
+    code = ("import json, sys; from course_utils import progress; found = progress.chapters(import_modules=False); "
+            "assert not [m for m in sys.modules if m.startswith(('torch', 'course_utils.exercises.ch'))], "
+            "sorted(sys.modules); print(json.dumps(found))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == progress.chapters()
+
+
+def test_parse_reads_the_bytes_of_a_progress_file():
+    good = {"time": "2026-12-06T09:00:00Z", "chapter": "ch01", "exercise": "Q1", "status": "correct"}
+    raw = (json.dumps(good) + "\n" + "not json\n\n" + json.dumps({**good, "status": "maybe"}) + "\n").encode()
+    assert progress.parse(raw) == ([good], 2)
+
+
 # --- the command line -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,1 @@
+"""The workshop room: JupyterHub for the course on one server (`make hub`); see docs/instructor/hub.md."""
