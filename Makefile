@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
+.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser book test-book execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
 # the Chinese edition (notebooks-zh/), in a JupyterLab in Chinese
@@ -19,6 +19,12 @@ test-slurm:
 	@$(PYTHON) tasks.py test-slurm
 test-browser:
 	@$(PYTHON) tasks.py test-browser
+# the course as a static website, both editions, from the stored outputs (_build/book/; README), and its
+# checks in headless Chromium
+book:
+	@$(PYTHON) tasks.py book
+test-book:
+	@$(PYTHON) tasks.py test-book
 execute:
 	@$(PYTHON) tasks.py execute
 bench:

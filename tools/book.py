@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "docs" / "book"
 OUT = ROOT / "_build" / "book"
 EDITIONS = ("en", "zh-CN")
-SOURCES = {"en": ROOT / "notebooks", "zh-CN": ROOT / "notebooks-zh"}
+SOURCES = {"en": ROOT / "notebooks", "zh-CN": ROOT / "notebooks-zh"}  # --notebooks, --notebooks-zh: others
+FOLDERS = {"en": "notebooks", "zh-CN": "notebooks-zh"}  # where the links of the docs expect them
 ERRATA = {"en": ROOT / "docs" / "errata.md", "zh-CN": ROOT / "docs" / "errata.zh-CN.md"}
 GLOSSARY = ROOT / "i18n" / "zh-CN" / "glossary.md"
 GUIDE = ROOT / "docs" / "instructor"
@@ -204,7 +205,7 @@ def heading_anchors(markdown: str) -> set[str]:
 
 def page_map(edition: str) -> dict[str, str]:
     """Repository path -> page path in `edition`, for every file the book holds."""
-    pages = {f"{SOURCES[edition].name}/{nb.name}": nb.name for nb in chapters(SOURCES[edition])}
+    pages = {f"{FOLDERS[edition]}/{nb.name}": nb.name for nb in chapters(SOURCES[edition])}
     pages[ERRATA[edition].relative_to(ROOT).as_posix()] = "errata.md"
     pages[GLOSSARY.relative_to(ROOT).as_posix()] = "glossary.md"
     for md in sorted(GUIDE.glob("*.md")):
@@ -235,7 +236,7 @@ def stage_notebook(path: Path, edition: str, pages: dict[str, str], anchors: dic
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "markdown":
             src = "".join(cell["source"])
-            cell["source"] = relink(src, path, path.name, pages, anchors)
+            cell["source"] = relink(src, ROOT / FOLDERS[edition] / path.name, path.name, pages, anchors)
         cells.append(cell)
         if i == 0:
             cells.append(chapter_header(nb, edition, f"_notebooks/{path.name}"))
@@ -435,8 +436,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.book", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["build", "stage"])
     parser.add_argument("--out", type=Path, default=OUT, help="the site's folder (default _build/book)")
+    parser.add_argument("--notebooks", type=Path, help="read the English chapters from here, not notebooks/")
+    parser.add_argument("--notebooks-zh", type=Path, help="read the Chinese chapters from here, not notebooks-zh/")
     opts = parser.parse_args(argv)
     out = opts.out.resolve()
+    for edition, folder in (("en", opts.notebooks), ("zh-CN", opts.notebooks_zh)):
+        if folder is not None:
+            SOURCES[edition] = folder.resolve()
     if opts.command == "stage":
         for edition in EDITIONS:
             stage(edition, out.parent / (out.name + "-src") / edition)
