@@ -30,7 +30,7 @@ from .i18n import language, text_width, tr
 
 DEFAULT_MAX_NODES = 40
 _COLORS = dict(op="#e9ecef", root="#c9f0d1", leaf="#cfe2ff", saved="#ffe2b8", more="#ffffff")
-_COLORS.update(tensor="#f8d7da", highlight="#fff3a3", hot=COLORS["vermillion"], edge="#555555")
+_COLORS.update(tensor="#f8d7da", highlight="#fff3a3", hot=COLORS["vermilion"], edge="#555555")
 _LINES = {"saved": "--", "more": ":"}  # line styles of the edges that are not data
 
 
@@ -626,8 +626,8 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     ax.plot(t.numpy(), torch.sigmoid(t).numpy(), color=COLORS["blue"], label="z = sigmoid(y)")
     tangent = tr(f"tangent at y = {y:.2f}, slope sigmoid'(y) = {slope:.3e}",
                  f"y = {y:.2f} 处的切线，斜率 sigmoid'(y) = {slope:.3e}")
-    ax.plot([y - 3, y + 3], [z - 3 * slope, z + 3 * slope], "--", color=COLORS["vermillion"], label=tangent)
-    ax.plot([y], [z], "o", color=COLORS["vermillion"], zorder=3)
+    ax.plot([y - 3, y + 3], [z - 3 * slope, z + 3 * slope], "--", color=COLORS["vermilion"], label=tangent)
+    ax.plot([y], [z], "o", color=COLORS["vermilion"], zorder=3)
     ax.set(xlim=(lo, hi), ylim=(-0.1, 1.1), xlabel="y = w * x + b", ylabel="z = sigmoid(y)")
     ax.set_title(tr(f"z = sigmoid(w*x + b) at x={x:g}, w={w:g}, b={b:g}",
                     f"x={x:g}, w={w:g}, b={b:g} 时的 z = sigmoid(w*x + b)"))
@@ -635,7 +635,7 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     ax.grid(alpha=0.3)
     keys = ["dz/db", "dz/dw", "dz/dx"]  # bottom to top
     vals = [auto[k] for k in keys]
-    colors = [COLORS["blue"] if v >= 0 else COLORS["vermillion"] for v in vals]
+    colors = [COLORS["blue"] if v >= 0 else COLORS["vermilion"] for v in vals]
     bx.barh([f"{k}\n{v:.3e}" for k, v in zip(keys, vals, strict=True)], vals, color=colors)
     span = max(abs(v) for v in vals) or 1.0
     bx.set_xlim(-1.1 * span if min(vals) < 0 else 0, 1.1 * span if max(vals) > 0 else 0.1 * span)

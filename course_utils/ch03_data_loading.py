@@ -569,7 +569,7 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     order = [i for bt in view.batches for i in bt]
     start = sum(len(b) for b in view.batches[: view.batch])
     ax.scatter(range(len(order)), order, s=2, color="0.6", label=tr("epoch order", "该 epoch 的顺序"))
-    ax.scatter(range(start, start + k), view.indices, s=10, color=COLORS["vermillion"],
+    ax.scatter(range(start, start + k), view.indices, s=10, color=COLORS["vermilion"],
                label=tr(f"batch {view.batch}", f"批次 {view.batch}"))
     ax.set(xlabel=tr("position in the epoch", "在该 epoch 中的位置"), ylabel=tr("dataset index", "数据集索引"))
     ax.legend(loc="upper left", fontsize=7)

@@ -465,7 +465,7 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     on = _normalise(mistakes)
     runs = [(switchboard_run(), COLORS["blue"], tr("no mistake", "无错误"))]
     if on:
-        runs.append((switchboard_run(on), COLORS["vermillion"], tr("mistakes on", "打开错误")))
+        runs.append((switchboard_run(on), COLORS["vermilion"], tr("mistakes on", "打开错误")))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
     for run, colour, name in runs:
         smooth = np.convolve(run.train_loss, np.ones(5) / 5, mode="valid")  # moving average of 5

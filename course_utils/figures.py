@@ -27,7 +27,7 @@ _state = {"family": None, "done": False, "style": False}
 #: kind of colour blindness, in the order the course's figures take them (black last: it is for text).
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
 #: Named roles, so that a figure says what a colour means rather than which colour it is.
-COLORS = {"blue": OKABE_ITO[0], "orange": OKABE_ITO[1], "green": OKABE_ITO[2], "vermillion": OKABE_ITO[3],
+COLORS = {"blue": OKABE_ITO[0], "orange": OKABE_ITO[1], "green": OKABE_ITO[2], "vermilion": OKABE_ITO[3],
           "sky": OKABE_ITO[4], "purple": OKABE_ITO[5], "yellow": OKABE_ITO[6], "grey": "#7F7F7F"}
 ALT_ATTRIBUTE = "_course_alt_text"
 

@@ -388,8 +388,8 @@ li {{ margin: 0.5rem 0; }}
 
 
 def sphinx(edition: str, src: Path, out: Path, doctrees: Path) -> None:
-    """Build one edition with Sphinx (warnings are errors: a broken link fails the build)."""
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-j", "2",
+    """Build one edition with Sphinx, every page afresh (-E), warnings as errors: a broken link fails."""
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-q", "-W", "--keep-going", "-j", "2",
            "-c", str(CONF), "-d", str(doctrees), "-D", f"language={SPHINX_LANGUAGE[edition]}",
            str(src), str(out)]
     env = dict(os.environ, PYTHONHASHSEED="0")

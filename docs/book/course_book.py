@@ -6,6 +6,10 @@
   MyST-NB 1.4 reads only ``width`` and ``height`` from there;
 - the course's Chinese terms as a dictionary for the Chinese search (jieba), so that a term of the
   glossary such as 计算图 is one word of the index;
+- a name for each button that opens a part of the sidebar's table of contents (the theme's
+  ``<summary>`` holds only an icon, which screen readers cannot name: axe-core's "summary-name");
+- the Chinese search's script working: Sphinx 9.0 names its stemmer for Latin words
+  ``ChineseStemmer`` but ships the English one (``window.Stemmer = ChineseStemmer`` throws);
 - MathJax served by the site itself: the files of the pinned ``sphinx-mathjax-offline`` package
   (MathJax 3.2.2), less the bundles the site does not load, in ``_static/mathjax/`` (Sphinx's
   default is a CDN).
@@ -20,9 +24,12 @@ from sphinx.application import Sphinx
 
 #: edition folder, label of the link to it, its language, and the book's title in it
 EDITIONS = {
-    "en": {"folder": "en", "label": "English", "title": "Read this page in English", "name": "PyTorch in depth"},
-    "zh-CN": {"folder": "zh-CN", "label": "中文", "title": "阅读本页的中文版", "name": "PyTorch 深入"},
+    "en": {"folder": "en", "label": "English", "title": "Read this page in English", "name": "PyTorch in depth",
+           "toggle": "Show or hide the pages in this part"},
+    "zh-CN": {"folder": "zh-CN", "label": "中文", "title": "阅读本页的中文版", "name": "PyTorch 深入",
+              "toggle": "展开或收起这一部分的页面"},
 }
+_TOGGLE = '<summary><span class="toctree-toggle" role="presentation">'
 SEARCH_WORDS = "_search_words.txt"  # written into the source folder by tools/book.py
 MATHJAX = "mathjax/tex-chtml.js"  # in _static/
 #: MathJax's other combined bundles and its server-side code: never loaded by a page of the book
@@ -78,6 +85,18 @@ def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict, 
     other = "en" if edition(app.config.language) == "zh-CN" else "zh-CN"
     context.update(course_other_url=other_url(pagename, other), course_other_lang=other,
                    course_other_label=EDITIONS[other]["label"], course_other_title=EDITIONS[other]["title"])
+    toctree = context.get("generate_toctree_html")
+    if callable(toctree) and not getattr(toctree, "course_named", False):
+        label = EDITIONS[edition(app.config.language)]["toggle"]
+
+        def named(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 (the theme's signature)
+            from markupsafe import Markup
+
+            html = str(toctree(*args, **kwargs))
+            return Markup(html.replace(_TOGGLE, _TOGGLE.replace("<summary>", f'<summary aria-label="{label}">')))
+
+        named.course_named = True
+        context["generate_toctree_html"] = named
 
 
 def _carry_alt_text() -> None:
@@ -101,9 +120,25 @@ def _carry_alt_text() -> None:
     NbElementRenderer.render_image = render_image
 
 
+def _chinese_search_stemmer() -> None:
+    """Sphinx's Chinese search, whose page script names the stemmer it ships (the English one)."""
+    from sphinx import search
+    from sphinx.search.zh import SearchChinese
+
+    if getattr(search.languages.get("zh"), "course_stemmer", False):
+        return
+
+    class CourseSearchChinese(SearchChinese):
+        language_name = "English"  # language_data.js: window.Stemmer = EnglishStemmer (english-stemmer.js)
+        course_stemmer = True
+
+    search.languages["zh"] = CourseSearchChinese
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     _carry_alt_text()
+    _chinese_search_stemmer()
     app.connect("config-inited", _configure)
-    app.connect("html-page-context", _page_context)
+    app.connect("html-page-context", _page_context, priority=900)  # after the theme's own
     app.connect("build-finished", _copy_mathjax)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
