@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .figures import COLORS, course_font_file, describe, pyplot, show_figure, use_course_font
+from .figures import COLORS, course_font_file, describe_figure, pyplot, show_figure, use_course_font
 from .i18n import language, text_width, tr
 
 DEFAULT_MAX_NODES = 40
@@ -644,7 +644,7 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     bx.ticklabel_format(axis="x", style="sci", scilimits=(-2, 2))
     fig.tight_layout()
     grads = ", ".join(f"{k} = {auto[k]:.3e}" for k in keys[::-1])
-    return describe(
+    return describe_figure(
         fig,
         f"Left: the S-shaped curve z = sigmoid(y), with the point y = {y:.2f}, z = {z:.4f} (x = {x:g}, w = {w:g}, "
         f"b = {b:g}) and its tangent, of slope {slope:.3e}. Right: a bar chart of the three gradients that "

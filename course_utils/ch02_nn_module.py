@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .figures import COLORS, describe, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import pad, text_width, tr
 
 # --------------------------------------------------------------------------- summary
@@ -259,7 +259,7 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     std_en = "; ".join(f"{name} ({s['kind']}) std {s['std']:.3f}, {s['zeros']:.0%} zeros" for name, s in layers)
     std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}" for name, s in layers)
     grad = len(panels) == 3
-    return describe(
+    return describe_figure(
         fig,
         f"{len(panels)} bar charts, one bar per layer in forward order, of each layer's output spread, "
         f"its share of exact zeros{' and the norm of its gradient' if grad else ''}: {std_en}.",
@@ -332,7 +332,7 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
     ends = {act: {scheme: stds[-1] for scheme, stds in by.items()} for act, by in results.items()}
     en = "; ".join(f"{act}: " + ", ".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
     zh = "；".join(f"{act}：" + "，".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
-    return describe(
+    return describe_figure(
         fig,
         f"Line charts, one per activation, of the signal's spread (log scale) after each of "
         f"{len(depths)} layers, one line per initialisation; after the last layer: {en}.",

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from .data import image_paths, load_image
 from .device import busy_warning, one_main_thread
-from .figures import COLORS, describe, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import tr
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -452,7 +452,7 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
                           for label, (_, xy) in curves.items())
     points_zh = "；".join(f"{label}：" + "，".join(f"{w} 个 worker {v:.0f}/s" for w, v in xy.items())
                           for label, (_, xy) in curves.items())
-    return describe(
+    return describe_figure(
         fig,
         f"Two line charts against num_workers: images loaded per second, and the speed-up over loading in "
         f"the main process, one line per machine, a dashed line at each machine's number of cores. "
@@ -578,7 +578,7 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
                f"{view.sampler}，epoch {view.epoch}：第 {b} 个批次，共 {n} 个（{k} 张图像）")
     fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     labels = ", ".join(str(classes[v] if classes else v) for v in view.labels)
-    return describe(
+    return describe_figure(
         fig,
         f"{title}. Top: the batch's {k} images, each titled with its dataset index and label (labels: "
         f"{labels}). Bottom: a scatter plot of the dataset index at each position of the epoch, the "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import sampler_indices
-from .figures import describe, pyplot, show_figure
+from .figures import describe_figure, pyplot, show_figure
 from .i18n import tr
 
 GREY = "#c8c8c8"
@@ -108,7 +108,7 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
                     f"shuffle={shuffle}，drop_last={drop_last}"), fontsize=10)
     fig.tight_layout()
     title = " ".join(ax.get_title().split())
-    return describe(
+    return describe_figure(
         fig,
         f"{title}. Rows of numbered boxes: the top row is the epoch's order of the data set's indices "
         f"{order}; below it, one row per rank with its share: "
@@ -140,7 +140,7 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
     def reads(mode: str, sep: str, rank_word: str) -> str:
         return sep.join(f"epoch {e}: " + ", ".join(f"{rank_word} {rec['rank']} {list(rec[mode][e])}" for rec in records)
                         for e in range(epochs))
-    return describe(
+    return describe_figure(
         fig,
         f"Two grids of boxes, one per mode, with a row per epoch and a column per item of the {n}-item data "
         f"set, each box coloured by the rank that read the item. With set_epoch, the items each rank "
@@ -188,7 +188,7 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
     def held(sep: str, arrow: str) -> str:
         return sep.join(f"{name}: " + ", ".join(f"rank {r} {list(res[name]['before'])}{arrow}{list(res[name]['after'])}"
                                                 for r, res in enumerate(results)) for name in names)
-    return describe(
+    return describe_figure(
         fig,
         f"For each of {len(names)} collectives on {world} processes, rows of boxes with the values each rank "
         f"holds before and after the call: {held('; ', ' becomes ')}.",
@@ -227,7 +227,7 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
             start += k
         en.append(f"{name} {list(full[name])}: " + ", ".join(parts_en))
         zh.append(f"{name} {list(full[name])}：" + "，".join(parts_zh))
-    return describe(
+    return describe_figure(
         fig,
         "Horizontal bars, one per parameter of the model, each split into the rows (dim 0) that each rank "
         "stores under fully_shard: " + "; ".join(en) + ".",

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from .device import one_main_thread
 from .dist import single_process_group
-from .figures import COLORS, describe, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import language, pad, text_width, tr
 from .models import MLP
 
@@ -265,7 +265,7 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
     def visits(sep: str, word: str) -> str:
         return sep.join(f"{title}: " + ", ".join(f"epoch {e} rank {r} {word} {o[e][r]}" for e in range(epochs)
                                                 for r in range(world_size)) for title, o in orders.items())
-    return describe(
+    return describe_figure(
         fig,
         f"{len(orders)} grids, one per way of building the loaders, with a row per epoch and rank and a column "
         f"per sample; a numbered cell is a sample that rank visits, the number its position. The samples "
@@ -490,7 +490,7 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
                         f"reported {run.val_loss[-1]:.3f}" for run, _, name in runs)
     ends_zh = "；".join(f"{name}：最终训练损失 {run.train_loss[-1]:.3f}，报告的验证损失 {run.val_loss[-1]:.3f}"
                         for run, _, name in runs)
-    return describe(
+    return describe_figure(
         fig,
         f"{title}. Two line charts against the training step: the training loss (moving average of 5 steps) "
         f"and the validation loss, one line per run. {ends_en}.",

@@ -2,7 +2,7 @@
 draws Chinese text in the Chinese edition; the colour-blind-safe palette; and each figure's
 alternative text.
 
-Alternative text is written where a figure is made, in both languages: ``describe(fig, english,
+Alternative text is written where a figure is made, in both languages: ``describe_figure(fig, english,
 chinese)``. When Jupyter shows the figure (``plt.show()``, the end of a cell, :func:`show_figure`),
 the text goes into the output's metadata, ``{"image/png": {"alt": ...}}``, where the course's book
 (``make book``) reads it into ``<img alt>``; a test fails on a stored image without it.
@@ -98,23 +98,23 @@ def pyplot():
     return plt
 
 
-def describe(fig, en: str, zh: str):
+def describe_figure(fig, en: str, zh: str):
     """Give the figure `fig` its alternative text, in the course's language (``tr(en, zh)``): one or
     two sentences saying what the figure shows, for a reader who cannot see it. Returns `fig`.
 
     Jupyter then stores the text in the metadata of the figure's output, wherever it is shown."""
     text = " ".join(tr(en, zh).split())
     if not text:
-        raise ValueError("describe() needs the figure's alternative text in both languages, not empty text.")
+        raise ValueError("describe_figure() needs the figure's alternative text in both languages, not empty text.")
     if not hasattr(fig, "savefig"):
-        raise TypeError(f"describe() takes a matplotlib figure, not {type(fig).__name__}.")
+        raise TypeError(f"describe_figure() takes a matplotlib figure, not {type(fig).__name__}.")
     setattr(fig, ALT_ATTRIBUTE, text)
     carry_alt_text()
     return fig
 
 
 def alt_text(fig) -> str | None:
-    """The alternative text :func:`describe` gave `fig`, or None."""
+    """The alternative text :func:`describe_figure` gave `fig`, or None."""
     return getattr(fig, ALT_ATTRIBUTE, None)
 
 

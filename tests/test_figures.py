@@ -9,7 +9,7 @@ import pytest
 matplotlib.use("Agg")
 
 from course_utils import figures  # noqa: E402
-from course_utils.figures import alt_text, carry_alt_text, describe, pyplot  # noqa: E402
+from course_utils.figures import alt_text, carry_alt_text, describe_figure, pyplot  # noqa: E402
 
 
 def test_pyplot_cycles_through_the_okabe_ito_palette():
@@ -26,10 +26,10 @@ def test_describe_in_each_language(monkeypatch):
     plt = pyplot()
     fig = plt.figure()
     monkeypatch.setenv("COURSE_LANG", "en")
-    assert describe(fig, "A  line\n chart.", "一幅折线图。") is fig
+    assert describe_figure(fig, "A  line\n chart.", "一幅折线图。") is fig
     assert alt_text(fig) == "A line chart."  # one line, single spaces
     monkeypatch.setenv("COURSE_LANG", "zh")
-    describe(fig, "A line chart.", "一幅折线图。")
+    describe_figure(fig, "A line chart.", "一幅折线图。")
     assert alt_text(fig) == "一幅折线图。"
     assert alt_text(plt.figure()) is None
     plt.close("all")
@@ -38,9 +38,9 @@ def test_describe_in_each_language(monkeypatch):
 def test_describe_refuses_empty_text_and_what_is_not_a_figure(monkeypatch):
     monkeypatch.setenv("COURSE_LANG", "en")
     with pytest.raises(ValueError, match="alternative text"):
-        describe(pyplot().figure(), "  ", "一幅图")
+        describe_figure(pyplot().figure(), "  ", "一幅图")
     with pytest.raises(TypeError, match="matplotlib figure, not list"):
-        describe([1, 2], "A chart.", "一幅图。")
+        describe_figure([1, 2], "A chart.", "一幅图。")
     pyplot().close("all")
 
 
@@ -71,7 +71,7 @@ def test_the_alt_text_reaches_the_outputs_metadata(monkeypatch, retina):
     _inline_backend(shell, retina)
     plt = pyplot()
     described, plain = plt.subplots()[0], plt.subplots()[0]  # IPython shows no figure without axes
-    describe(described, "A described figure.", "一幅有说明的图。")
+    describe_figure(described, "A described figure.", "一幅有说明的图。")
     assert carry_alt_text(shell) is True
     data, metadata = shell.display_formatter.format(described)
     assert data["image/png"] and metadata["image/png"]["alt"] == "A described figure."
@@ -94,7 +94,7 @@ def test_the_formatter_is_wrapped_once_and_again_after_the_backend_replaced_it(m
     carry_alt_text(shell)
     assert png.lookup_by_type(Figure) is wrapped  # not a wrapper of a wrapper
     _inline_backend(shell)  # e.g. %config InlineBackend.figure_formats: the backend registers anew
-    fig = describe(pyplot().subplots()[0], "Again.", "再次。")
+    fig = describe_figure(pyplot().subplots()[0], "Again.", "再次。")
     carry_alt_text(shell)
     assert shell.display_formatter.format(fig)[1]["image/png"]["alt"] == "Again."
     pyplot().close("all")
@@ -114,10 +114,10 @@ def test_a_kernel_stores_the_alt_text_of_every_way_a_figure_is_shown(tmp_path):
     from tools.notebook import _kernel_manager
 
     cells = [
-        "from course_utils.figures import describe, pyplot, show_figure\nplt = pyplot()",
-        "fig, ax = plt.subplots()\nax.plot([1, 2])\ndescribe(fig, 'Shown by plt.show.', '由 plt.show 显示。')\nplt.show()",
-        "fig, ax = plt.subplots()\ndescribe(fig, 'Left open.', '留着没关。');",
-        "fig, ax = plt.subplots()\nshow_figure(describe(fig, 'By show_figure.', '由 show_figure 显示。'))",
+        "from course_utils.figures import describe_figure, pyplot, show_figure\nplt = pyplot()",
+        "fig, ax = plt.subplots()\nax.plot([1, 2])\ndescribe_figure(fig, 'Shown by plt.show.', '由 plt.show 显示。')\nplt.show()",
+        "fig, ax = plt.subplots()\ndescribe_figure(fig, 'Left open.', '留着没关。');",
+        "fig, ax = plt.subplots()\nshow_figure(describe_figure(fig, 'By show_figure.', '由 show_figure 显示。'))",
         "fig, ax = plt.subplots()\nplt.show()",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])

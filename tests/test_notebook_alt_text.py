@@ -3,7 +3,7 @@ language, in the output's metadata (``{"image/png": {"alt": ...}}``): the book s
 image's ``alt`` for readers who cannot see the picture.
 
 This reads the stored notebooks: a figure gets its text where it is made (a helper's
-``course_utils.figures.describe(fig, english, chinese)``, or the same call in the cell that draws it),
+``course_utils.figures.describe_figure(fig, english, chinese)``, or the same call in the cell that draws it),
 and the stored output gets it when the notebook is executed again (``python tasks.py execute``).
 """
 
@@ -49,7 +49,7 @@ def test_every_stored_image_has_alt_text(path: Path):
     assert not missing, (
         f"{path.relative_to(ROOT)}: {len(missing)} stored image(s) without alternative text: "
         + "; ".join(missing)
-        + ". Give each figure its text where it is made (course_utils.figures.describe(fig, english, "
+        + ". Give each figure its text where it is made (course_utils.figures.describe_figure(fig, english, "
         f"chinese)), then re-execute it: python tasks.py execute {path.relative_to(ROOT)}")
 
 
