@@ -85,6 +85,10 @@ def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict, 
     other = "en" if edition(app.config.language) == "zh-CN" else "zh-CN"
     context.update(course_other_url=other_url(pagename, other), course_other_lang=other,
                    course_other_label=EDITIONS[other]["label"], course_other_title=EDITIONS[other]["title"])
+
+
+def _name_toggles(app: Sphinx, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    """The theme's table of contents, each toggle's ``<summary>`` with a name (after the theme set it up)."""
     toctree = context.get("generate_toctree_html")
     if callable(toctree) and not getattr(toctree, "course_named", False):
         label = EDITIONS[edition(app.config.language)]["toggle"]
@@ -139,6 +143,8 @@ def setup(app: Sphinx) -> dict[str, Any]:
     _carry_alt_text()
     _chinese_search_stemmer()
     app.connect("config-inited", _configure)
-    app.connect("html-page-context", _page_context, priority=900)  # after the theme's own
+    # before the theme drops the header's templates that render empty (the switch needs its link by then)
+    app.connect("html-page-context", _page_context, priority=400)
+    app.connect("html-page-context", _name_toggles, priority=900)  # after the theme set up its functions
     app.connect("build-finished", _copy_mathjax)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
