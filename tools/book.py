@@ -149,8 +149,8 @@ def relink(markdown: str, source: Path, target: str, pages: dict[str, str],
     the page `target` (a path in the edition, ``instructor/01_autograd.md``): a link to a file that
     the book holds (`pages`: repository path -> page path) points to that page; a link to another
     file of the repository becomes its text and the file's name in code font; a link to an anchor
-    that `anchors` (page path -> its anchors) does not know becomes its text. Web links and code
-    are left alone."""
+    of a page that `anchors` lists (page path -> the anchors it has) but not among them becomes its
+    text (a section the page leaves out). Web links and code are left alone."""
     anchors = anchors or {}
     here = source.parent.relative_to(ROOT).as_posix() if source.is_relative_to(ROOT) else "."
 
@@ -315,14 +315,10 @@ def stage(edition: str, folder: Path) -> list[str]:
     pages = page_map(edition)
     texts = {page: (ROOT / repo).read_text(encoding="utf-8") for repo, page in pages.items()
              if page.endswith(".md") and page != "about.md"}
-    anchors = {page: heading_anchors(text) for page, text in texts.items()}
     readme = sections(README.read_text(encoding="utf-8"))
-    anchors["about.md"] = {slug(s) for s in LEARNER_SECTIONS} | heading_anchors(
-        "".join(readme[s] for s in LEARNER_SECTIONS))
-    anchors["index.md"] = set()
-    for nb in chapters(SOURCES[edition]):
-        anchors[nb.name] = heading_anchors("\n".join("".join(c["source"]) for c in load(nb)["cells"]
-                                                     if c["cell_type"] == "markdown"))
+    # the README's page holds some of its sections: a link to one left out becomes text; any other
+    # anchor stays a link, which Sphinx checks (a wrong one fails the build)
+    anchors = {"about.md": heading_anchors("".join(readme[s] for s in LEARNER_SECTIONS))}
     wanted = set()
     for nb in chapters(SOURCES[edition]):
         staged = stage_notebook(nb, edition, pages, anchors)
