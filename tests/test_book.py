@@ -50,6 +50,16 @@ def test_a_live_widget_gets_a_note_and_its_widget_output_goes(tmp_path):
     assert "runs here in JupyterLab" in staged["cells"][3]["source"]
 
 
+def test_a_chapter_that_shows_a_solution_is_refused(tmp_path):
+    cells = [{"cell_type": "markdown", "id": "t", "metadata": {}, "source": "# 01 · Title"},
+             {"cell_type": "code", "id": "s", "metadata": {}, "source": "q1.solution()", "execution_count": 1,
+              "outputs": [{"output_type": "display_data", "metadata": {}, "data": {"text/plain": "def ..."}}]}]
+    with pytest.raises(SystemExit, match=r"notebooks/01_autograd.ipynb cell s shows an exercise's solution"):
+        book.stage_notebook(_notebook(tmp_path, cells), "en", {}, {})
+    cells[1]["source"] = "# q1.solution() shows a worked solution\nq1.hint()"
+    book.stage_notebook(_notebook(tmp_path, cells), "en", {}, {})  # a comment, and a hint, are fine
+
+
 def test_links_go_to_the_pages_that_hold_their_targets():
     pages = book.page_map("en")
     anchors = {"about.md": {"two-commands"}}

@@ -45,6 +45,7 @@ GUIDE = ROOT / "docs" / "instructor"
 README = ROOT / "README.md"
 SPHINX_LANGUAGE = {"en": "en", "zh-CN": "zh_CN"}
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+_SOLUTION = re.compile(r"^[^#\n]*\bq\w*\.solution\(\)", re.M)  # an exercise's answer shown by the notebook
 BUILD_TIMEOUT_S = 600  # one edition; about 30 s on 2 cores
 
 #: The README's sections for learners, in the order of the "About the course" page (the Chinese
@@ -233,6 +234,11 @@ def stage_notebook(path: Path, edition: str, pages: dict[str, str], anchors: dic
     """The chapter as the book shows it (see the module's docstring); the notebook is not changed."""
     nb = copy.deepcopy(load(path))
     cells = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and _SOLUTION.search("".join(cell["source"])) and cell.get("outputs"):
+            raise SystemExit(f"{FOLDERS[edition]}/{path.name} cell {cell.get('id')} shows an exercise's solution "
+                             "(.solution()): the book shows the exercises' prompts, and the answers stay in the "
+                             "instructor guide's answer key. Remove the call from the notebook.")
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "markdown":
             src = "".join(cell["source"])

@@ -21,6 +21,7 @@ import functools
 import http.server
 import os
 import posixpath
+import re
 import shutil
 import threading
 import urllib.parse
@@ -283,6 +284,22 @@ def test_every_page_of_an_edition_switches_to_the_same_page_of_the_other(site):
         if got != [want]:
             problems.append(f"{path}: switch {links}, expected one link to {other}/{rest}")
     assert not problems, "\n".join(problems)
+
+
+_LOADED = re.compile(r"""<(?:script|img|iframe|source|audio|video)\b[^>]*\bsrc\s*=\s*["']?(https?:)?//"""
+                     r"""|<link\b[^>]*\bhref\s*=\s*["']?(https?:)?//|url\(\s*["']?(https?:)?//"""
+                     r"""|@import\s+(url\()?\s*["']?(https?:)?//""", re.I)
+
+
+def test_no_file_of_the_site_loads_anything_from_elsewhere(site):
+    """What a browser would load (scripts, images, stylesheets, fonts, CSS imports) is never a web
+    address: every page, stylesheet and script of the site, read as text."""
+    found = []
+    for f in sorted(site.rglob("*")):
+        if f.suffix in (".html", ".css") and f.is_file():
+            for m in _LOADED.finditer(f.read_text(encoding="utf-8", errors="replace")):
+                found.append(f"{f.relative_to(site)}: {m.group(0)[:120]}")
+    assert not found, "\n".join(found[:30])
 
 
 def test_both_editions_have_the_same_pages(site):
