@@ -54,6 +54,14 @@ def _configure(app: Sphinx, config: Any) -> None:
     words = Path(app.srcdir) / SEARCH_WORDS
     if this == "zh-CN" and words.is_file():
         config.html_search_options = dict(config.html_search_options or {}, dict=str(words))
+    if this == "zh-CN":
+        import logging
+
+        try:
+            import jieba
+        except ImportError:  # Sphinx then indexes Chinese text without splitting it into words
+            return
+        jieba.setLogLevel(logging.WARNING)  # no "Building prefix dict..." on every build
 
 
 def mathjax_files() -> Path:
