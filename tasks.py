@@ -566,7 +566,7 @@ def cmd_test_book(argv):
     if rc != 0:
         return rc
     env = dict(os.environ, COURSE_BOOK_LANE="1")
-    args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", str(ROOT / "tests" / "book")] + list(argv)
+    args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", str(ROOT / "tests" / "book")] + list(argv)
     return subprocess.call(args, cwd=str(ROOT), env=env)
 
 

@@ -200,15 +200,22 @@ def test_search_finds_the_chapter(browser, server, term, edition, chapter):
 
 @pytest.mark.parametrize("chapter", chapters())
 def test_the_language_switch_lands_on_the_same_chapter(browser, server, chapter):
+    def settled(page) -> None:  # leaving a page still loading (MathJax's fonts) would abort its requests
+        page.evaluate(MATHJAX_READY)
+        page.wait_for_load_state("networkidle")
+
     with opened(browser, f"{server}/en/{chapter}.html") as page:
+        settled(page)
         title_en = page.inner_text("h1")
         page.click("a.course-lang-switch")
         page.wait_for_url(f"**/zh-CN/{chapter}.html")
+        settled(page)
         assert page.get_attribute("html", "lang") == "zh-CN"
         title_zh = page.inner_text("h1")
         assert title_zh.split("·")[0].strip() == title_en.split("·")[0].strip()  # "01 · ..." in both
         page.click("a.course-lang-switch")
         page.wait_for_url(f"**/en/{chapter}.html")
+        settled(page)
         assert page.get_attribute("html", "lang") == "en"
         assert not page.problems, page.problems
 
