@@ -21,7 +21,7 @@ from .i18n import language, tr
 #: a computer may already have.
 CJK_FAMILIES = ("Noto Sans CJK SC", "Source Han Sans SC", "Noto Sans SC", "WenQuanYi Zen Hei",
                 "WenQuanYi Micro Hei", "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "SimSun")
-_state = {"family": None, "done": False, "style": False}
+_state = {"family": None, "done": False}
 
 #: Okabe and Ito's palette ("Color Universal Design", 2002): eight colours told apart with every common
 #: kind of colour blindness, in the order the course's figures take them (black last: it is for text).
@@ -78,14 +78,12 @@ def use_course_font() -> None:
 def use_course_style() -> None:
     """The course's plotting style: colours cycle through the Okabe-Ito palette (colour-blind safe)
     instead of matplotlib's default ``tab10``, whose red and green look alike to one reader in twelve.
-    Once per process."""
-    if _state["style"]:
-        return
-    _state["style"] = True
+    Only over matplotlib's default cycle: a cycle of the reader's own is left alone."""
     import matplotlib
     from cycler import cycler
 
-    matplotlib.rcParams["axes.prop_cycle"] = cycler(color=list(OKABE_ITO[:7]))
+    if matplotlib.rcParams["axes.prop_cycle"] == matplotlib.rcParamsDefault["axes.prop_cycle"]:
+        matplotlib.rcParams["axes.prop_cycle"] = cycler(color=list(OKABE_ITO[:7]))
 
 
 def pyplot():

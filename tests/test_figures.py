@@ -13,13 +13,21 @@ from course_utils.figures import alt_text, carry_alt_text, describe_figure, pypl
 
 
 def test_pyplot_cycles_through_the_okabe_ito_palette():
-    plt = pyplot()
-    colours = [c.upper() for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
-    assert colours == list(figures.OKABE_ITO[:7])
-    fig, ax = plt.subplots()
-    (line,) = ax.plot([0, 1])
-    assert line.get_color().upper() == figures.OKABE_ITO[0]
-    plt.close(fig)
+    from matplotlib.colors import to_hex
+
+    with matplotlib.rc_context():
+        plt = pyplot()
+        colours = [to_hex(c).upper() for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
+        assert colours == list(figures.OKABE_ITO[:7])
+        fig, ax = plt.subplots()
+        (line,) = ax.plot([0, 1])
+        assert to_hex(line.get_color()).upper() == figures.OKABE_ITO[0]
+        plt.close(fig)
+    with matplotlib.rc_context({"axes.prop_cycle": matplotlib.cycler(color=["#123456", "#654321"])}):
+        pyplot()  # a cycle of the reader's own stays
+        assert matplotlib.rcParams["axes.prop_cycle"].by_key()["color"] == ["#123456", "#654321"]
+    pyplot()  # and after matplotlib's defaults came back, the course's palette again
+    assert to_hex(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"][0]).upper() == figures.OKABE_ITO[0]
 
 
 def test_describe_in_each_language(monkeypatch):
