@@ -1,7 +1,7 @@
 # Every target calls tasks.py, so `python tasks.py <target>` does the same without make.
 PYTHON ?= python3
 
-.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser test-portable hub test-hub execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
+.PHONY: lab lab-zh test test-spawn test-pythons test-gpu test-slurm test-browser test-portable book test-book hub test-hub execute bench stress setup doctor lint wheelhouse check-wheelhouse slides guide
 lab:
 	@$(PYTHON) tasks.py lab
 # the Chinese edition (notebooks-zh/), in a JupyterLab in Chinese
@@ -27,6 +27,12 @@ hub:
 	@$(PYTHON) tasks.py hub
 test-hub:
 	@$(PYTHON) tasks.py test-hub
+# the course as a static website, both editions, from the stored outputs (_build/book/; README), and its
+# checks in headless Chromium
+book:
+	@$(PYTHON) tasks.py book
+test-book:
+	@$(PYTHON) tasks.py test-book
 execute:
 	@$(PYTHON) tasks.py execute
 bench:

@@ -18,6 +18,8 @@
     python tasks.py stress [--script-runs N] [--notebook-runs M] [--only scripts|notebooks] [--script NAME]
                                  # every script N times from a terminal, every notebook M times
     python tasks.py setup        # only create/update .venv
+    python tasks.py book         # both editions as one static website in _build/book/, from the stored outputs
+    python tasks.py test-book    # the book built, then every page checked in headless Chromium
     python tasks.py wheelhouse   # every pinned package as wheels for this computer, in wheelhouse/
     python tasks.py check-wheelhouse  # a fresh venv from wheelhouse/ alone, then the doctor in it
 
@@ -777,6 +779,54 @@ def cmd_test_hub(argv):
     env.pop("JUPYTER_TOKEN", None)
     targets = [str(ROOT / "tests" / "test_hub.py"), str(ROOT / "tests" / "hub")] + list(argv)
     return in_venv(["-m", "pytest", "-p", "no:cacheprovider", "-s"] + targets, env=env)
+BOOK_VENV = ROOT / ".venv-book"
+BOOK_REQUIREMENTS = ROOT / "docs" / "book" / "requirements.txt"
+
+
+def ensure_book_venv():
+    """The book's own venv (.venv-book) with docs/book/requirements.txt: Sphinx, MyST-NB and the browser
+    checks' packages, apart from the course's .venv (which the book does not need)."""
+    py = venv_python(BOOK_VENV)
+    stamp = BOOK_VENV / ".book-stamp"
+    want = hashlib.sha256(BOOK_REQUIREMENTS.read_bytes()).hexdigest()
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
+        return py
+    if not py.exists():
+        print("Creating %s ..." % BOOK_VENV.name, flush=True)
+        if subprocess.run([find_base_python(), "-m", "venv", str(BOOK_VENV)]).returncode != 0:
+            die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)." % BOOK_VENV.name)
+    log = BOOK_VENV / "pip-install.log"
+    print("Installing the book's pinned packages (docs/book/requirements.txt) into %s (about a minute the "
+          "first time; log: %s/pip-install.log) ..." % (BOOK_VENV.name, BOOK_VENV.name), flush=True)
+    with open(log, "w") as fh:
+        r = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-r",
+                            str(BOOK_REQUIREMENTS)], stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT))
+    if r.returncode != 0:
+        die(_explain_pip_failure(log.read_text(errors="replace")))
+    stamp.write_text(want + "\n")
+    return py
+
+
+def cmd_book(argv):
+    """Both editions as one static website in _build/book/ (tools/book.py), built from the notebooks' stored
+    outputs in .venv-book; nothing is executed."""
+    py = ensure_book_venv()
+    return subprocess.call([str(py), "-m", "tools.book", "build"] + list(argv), cwd=str(ROOT))
+
+
+def cmd_test_book(argv):
+    """The book built, then checked in headless Chromium (tests/book/): every page of both editions served
+    on localhost with no request leaving it, images, math, console, search, the language switch, axe-core's
+    scan and every internal link. Needs Chromium (`apt-get install chromium`)."""
+    py = ensure_book_venv()
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        die("the book's checks need Chromium: on Debian or Ubuntu `apt-get install chromium`.")
+    rc = subprocess.call([str(py), "-m", "tools.book", "build"], cwd=str(ROOT))
+    if rc != 0:
+        return rc
+    env = dict(os.environ, COURSE_BOOK_LANE="1")
+    args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", str(ROOT / "tests" / "book")] + list(argv)
+    return subprocess.call(args, cwd=str(ROOT), env=env)
 
 
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -949,6 +999,8 @@ COMMANDS = {
     "check-wheelhouse": cmd_check_wheelhouse,
     "test-browser": cmd_test_browser,
     "test-portable": cmd_test_portable,
+    "book": cmd_book,
+    "test-book": cmd_test_book,
     "lab": cmd_lab,
     "lab-zh": cmd_lab_zh,
     "test": cmd_test,

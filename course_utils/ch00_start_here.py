@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import data
-from .figures import pyplot, show_figure
+from .figures import describe_figure, pyplot, show_figure
 from .i18n import tr
 
 #: The gallery's default view: the widget's starting values and the defaults of `pick` and `show`, so
@@ -50,7 +50,9 @@ def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: in
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    return fig
+    shown = ", ".join(map(str, labels))
+    return describe_figure(fig, f"A grid of {n} handwritten digit images, each titled with its label: {shown}.",
+                    f"{n} 张手写数字图像排成的网格，每张图上方标有它的标签：{shown}。")
 
 
 def _split_name(split: str) -> str:
@@ -64,7 +66,12 @@ def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D[
     which = tr("all digits", "全部数字") if label is None else tr(f"digit {label}", f"数字 {label}")
     title = tr(f"{n} {split} images, {which} (seed {seed})",
                f"{_split_name(split)}中的 {n} 张图像，{which}（随机种子 {seed}）")
-    return draw_grid(images, labels, title)
+    fig = draw_grid(images, labels, title)
+    shown = ", ".join(map(str, labels))
+    return describe_figure(fig, f"{len(labels)} handwritten digits from the {split} split ({which}, seed {seed}), "
+                         f"28x28 pixels each, dark strokes on white, in a grid; their labels in order: {shown}.",
+                    f"{_split_name(split)}中的 {len(labels)} 个手写数字（{which}，随机种子 {seed}），每张 28x28 像素，"
+                    f"白底深色笔画，排成网格；按顺序的标签：{shown}。")
 
 
 def gallery_widget():

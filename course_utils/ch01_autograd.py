@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from .figures import course_font_file, pyplot, show_figure, use_course_font
+from .figures import COLORS, course_font_file, describe_figure, pyplot, show_figure, use_course_font
 from .i18n import language, text_width, tr
 
 DEFAULT_MAX_NODES = 40
 _COLORS = dict(op="#e9ecef", root="#c9f0d1", leaf="#cfe2ff", saved="#ffe2b8", more="#ffffff")
-_COLORS.update(tensor="#f8d7da", highlight="#fff3a3", hot="#d62728", edge="#555555")
+_COLORS.update(tensor="#f8d7da", highlight="#fff3a3", hot=COLORS["vermilion"], edge="#555555")
 _LINES = {"saved": "--", "more": ":"}  # line styles of the edges that are not data
 
 
@@ -349,16 +349,18 @@ def _draw_matplotlib(g: Graph, labels: Mapping, title: str, hot: Any, sent: Mapp
 
 @dataclass(repr=False)
 class GraphDrawing:
-    """A drawn graph: Jupyter shows the PNG; its text form (``repr``) is the text listing."""
+    """A drawn graph: Jupyter shows the PNG, with its alternative text; its text form (``repr``) is the
+    text listing."""
 
     graph: Graph
     png: bytes
     engine: str  # "graphviz" or "matplotlib"
     text: str
     dot_source: str | None  # None for a truncated graph: torchviz draws whole graphs only
+    alt: str = ""  # what the picture shows, for a reader who cannot see it (graph_alt_text)
 
-    def _repr_png_(self) -> bytes:
-        return self.png
+    def _repr_png_(self) -> bytes | tuple[bytes, dict[str, str]]:
+        return (self.png, {"alt": self.alt}) if self.alt else self.png
 
     def __repr__(self) -> str:  # the same whichever engine drew the PNG
         return self.text
@@ -381,8 +383,30 @@ def _dot_env() -> dict[str, str] | None:
     return {**os.environ, "FONTCONFIG_FILE": str(conf)}
 
 
+def graph_alt_text(g: Graph, title: str, hot: Any = None) -> str:
+    """The alternative text of a drawn graph: its title, its operations from the leaves to the output,
+    and the node a step of the backward pass highlights."""
+    ops = [n.op for n in g.nodes if n.kind == "op"][::-1]  # from the inputs to the output
+    leaves = [n.name or tr("(unnamed)", "（未命名）") for n in g.nodes if n.kind == "leaf"]
+    shown = ops if len(ops) <= 12 else [*ops[:5], "…", *ops[-5:]]
+    title = " ".join(title.split())
+    text = tr(f"{title}. An autograd graph drawn as boxes and arrows: {len(ops)} operation(s) "
+              f"({', '.join(shown) or 'none'}) lead from the leaf tensor(s) {', '.join(leaves) or '(none shown)'} "
+              f"to {g.root_name}.",
+              f"{title}。以方框和箭头画出的计算图：{len(ops)} 个运算（{'、'.join(shown) or '无'}），"
+              f"从叶子张量 {'、'.join(leaves) or '（未显示）'} 通向 {g.root_name}。")
+    if g.truncated:
+        text += tr(" The nodes farther from the output are left out.", "离输出较远的节点没有画出。")
+    if hot is not None:
+        text += tr(f" Highlighted: {_node_ref(g.nodes[hot])}, the node this step runs; the gradients it sends "
+                   "are written on its arrows (the text below gives them).",
+                   f"高亮的是这一步运行的节点 {_node_ref(g.nodes[hot])}；它送出的梯度写在箭头上（下方文字列出）。")
+    return text
+
+
 def _picture(g: Graph, text: str, title: str, grads=None, hot=None, sent=None) -> GraphDrawing:
     """torchviz's graph rendered by Graphviz's ``dot`` where it can, else drawn by matplotlib."""
+    alt = graph_alt_text(g, tr(f"{title} ({g.note})", f"{title}（{g.note}）"), hot)
     title, sent = tr(f"{title}\n({g.note})", f"{title}\n（{g.note}）"), sent or {}
     labels = {n.id: "\n".join(_label(n, g.show_values, grads)) for n in g.nodes}
     src = None
@@ -397,13 +421,13 @@ def _picture(g: Graph, text: str, title: str, grads=None, hot=None, sent=None) -
             png = subprocess.run(
                 cmd, input=src.encode(), capture_output=True, timeout=60, check=True, env=_dot_env()
             )
-            return GraphDrawing(g, png.stdout, "graphviz", text, src)
+            return GraphDrawing(g, png.stdout, "graphviz", text, src, alt)
         except (OSError, subprocess.SubprocessError) as exc:
             why = (getattr(exc, "stderr", None) or str(exc).encode()).decode(errors="replace")
             warnings.warn(
                 f"dot failed ({why.strip():.300}); drawing with matplotlib.", stacklevel=3
             )
-    return GraphDrawing(g, _draw_matplotlib(g, labels, title, hot, sent), "matplotlib", text, src)
+    return GraphDrawing(g, _draw_matplotlib(g, labels, title, hot, sent), "matplotlib", text, src, alt)
 
 
 def draw(
@@ -599,11 +623,11 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
     lo, hi = min(-8.0, y - 2.0), max(8.0, y + 2.0)
     t = torch.linspace(lo, hi, 400, dtype=torch.float64)
-    ax.plot(t.numpy(), torch.sigmoid(t).numpy(), color="#1f77b4", label="z = sigmoid(y)")
+    ax.plot(t.numpy(), torch.sigmoid(t).numpy(), color=COLORS["blue"], label="z = sigmoid(y)")
     tangent = tr(f"tangent at y = {y:.2f}, slope sigmoid'(y) = {slope:.3e}",
                  f"y = {y:.2f} 处的切线，斜率 sigmoid'(y) = {slope:.3e}")
-    ax.plot([y - 3, y + 3], [z - 3 * slope, z + 3 * slope], "--", color="#d62728", label=tangent)
-    ax.plot([y], [z], "o", color="#d62728", zorder=3)
+    ax.plot([y - 3, y + 3], [z - 3 * slope, z + 3 * slope], "--", color=COLORS["vermilion"], label=tangent)
+    ax.plot([y], [z], "o", color=COLORS["vermilion"], zorder=3)
     ax.set(xlim=(lo, hi), ylim=(-0.1, 1.1), xlabel="y = w * x + b", ylabel="z = sigmoid(y)")
     ax.set_title(tr(f"z = sigmoid(w*x + b) at x={x:g}, w={w:g}, b={b:g}",
                     f"x={x:g}, w={w:g}, b={b:g} 时的 z = sigmoid(w*x + b)"))
@@ -611,7 +635,7 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     ax.grid(alpha=0.3)
     keys = ["dz/db", "dz/dw", "dz/dx"]  # bottom to top
     vals = [auto[k] for k in keys]
-    colors = ["#2ca02c" if v >= 0 else "#d62728" for v in vals]
+    colors = [COLORS["blue"] if v >= 0 else COLORS["vermilion"] for v in vals]
     bx.barh([f"{k}\n{v:.3e}" for k, v in zip(keys, vals, strict=True)], vals, color=colors)
     span = max(abs(v) for v in vals) or 1.0
     bx.set_xlim(-1.1 * span if min(vals) < 0 else 0, 1.1 * span if max(vals) > 0 else 0.1 * span)
@@ -619,7 +643,14 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     bx.set(xlabel=tr("gradient (autograd)", "梯度（autograd）"), title="dz/dx = w*s'(y), dz/dw = x*s'(y), dz/db = s'(y)")
     bx.ticklabel_format(axis="x", style="sci", scilimits=(-2, 2))
     fig.tight_layout()
-    return fig
+    grads = ", ".join(f"{k} = {auto[k]:.3e}" for k in keys[::-1])
+    return describe_figure(
+        fig,
+        f"Left: the S-shaped curve z = sigmoid(y), with the point y = {y:.2f}, z = {z:.4f} (x = {x:g}, w = {w:g}, "
+        f"b = {b:g}) and its tangent, of slope {slope:.3e}. Right: a bar chart of the three gradients that "
+        f"autograd gives: {grads}.",
+        f"左图：S 形曲线 z = sigmoid(y)，标出点 y = {y:.2f}，z = {z:.4f}（x = {x:g}，w = {w:g}，b = {b:g}）"
+        f"及其切线，斜率 {slope:.3e}。右图：autograd 给出的三个梯度的柱状图：{grads}。")
 
 
 def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:

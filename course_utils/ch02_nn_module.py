@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .figures import pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import pad, text_width, tr
 
 # --------------------------------------------------------------------------- summary
@@ -242,7 +242,7 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
         panels.append(("grad", 1, tr("norm of d loss / d output", "d loss / d output 的范数"),
                        tr("gradient (recorded during backward)", "梯度（在反向传播中记录）")))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    blue, green, many = "#3465a4", "#73a946", len(stats) > 8
+    blue, green, many = COLORS["blue"], COLORS["orange"], len(stats) > 8
     colors = [blue if s["kind"] in ("Linear", "Conv2d") else green for s in stats.values()]
     labels = [f"{name}\n{s['kind']}" for name, s in stats.items()]
     for ax, (key, scale, ylabel, panel) in zip(axes, panels, strict=True):
@@ -255,7 +255,16 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     axes[0].legend(handles=patches, fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    return fig
+    layers = list(stats.items())
+    std_en = "; ".join(f"{name} ({s['kind']}) std {s['std']:.3f}, {s['zeros']:.0%} zeros" for name, s in layers)
+    std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}" for name, s in layers)
+    grad = len(panels) == 3
+    return describe_figure(
+        fig,
+        f"{len(panels)} bar charts, one bar per layer in forward order, of each layer's output spread, "
+        f"its share of exact zeros{' and the norm of its gradient' if grad else ''}: {std_en}.",
+        f"{len(panels)} 个柱状图，每层一根柱子，按前向传播的顺序，画出每层输出的标准差、恰好为 0 的比例"
+        f"{'以及梯度的范数' if grad else ''}：{std_zh}。")
 
 
 # --------------------------------------------------------------------------- initialisation vs depth
@@ -322,7 +331,15 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
     axes[0][0].legend(fontsize=8)
     fig.suptitle(tr("How initialisation sets the scale of the signal through depth", "初始化如何决定信号随深度变化的尺度"))
     fig.tight_layout()
-    return fig
+    ends = {act: {scheme: stds[-1] for scheme, stds in by.items()} for act, by in results.items()}
+    en = "; ".join(f"{act}: " + ", ".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
+    zh = "；".join(f"{act}：" + "，".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
+    return describe_figure(
+        fig,
+        f"Line charts, one per activation, of the signal's spread (log scale) after each of "
+        f"{len(depths)} layers, one line per initialisation; after the last layer: {en}.",
+        f"折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 {len(depths)} 层逐层的变化，"
+        f"每种初始化一条线；最后一层之后：{zh}。")
 
 
 # --------------------------------------------------------------------------- model builder

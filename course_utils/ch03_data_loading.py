@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from .data import image_paths, load_image
 from .device import busy_warning, one_main_thread
-from .figures import pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import tr
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -448,7 +448,17 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    return fig
+    points_en = "; ".join(f"{label}: " + ", ".join(f"{w} workers {v:.0f}/s" for w, v in xy.items())
+                          for label, (_, xy) in curves.items())
+    points_zh = "；".join(f"{label}：" + "，".join(f"{w} 个 worker {v:.0f}/s" for w, v in xy.items())
+                          for label, (_, xy) in curves.items())
+    return describe_figure(
+        fig,
+        f"Two line charts against num_workers: images loaded per second, and the speed-up over loading in "
+        f"the main process, one line per machine, a dashed line at each machine's number of cores. "
+        f"Images per second: {points_en}.",
+        f"两幅以 num_workers 为横轴的折线图：每秒加载的图像数，以及相对于在主进程中加载的加速比；每台机器一条线，"
+        f"虚线标出各机器的核心数。每秒图像数：{points_zh}。")
 
 
 def training_seconds(
@@ -559,7 +569,7 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     order = [i for bt in view.batches for i in bt]
     start = sum(len(b) for b in view.batches[: view.batch])
     ax.scatter(range(len(order)), order, s=2, color="0.6", label=tr("epoch order", "该 epoch 的顺序"))
-    ax.scatter(range(start, start + k), view.indices, s=10, c="tab:red",
+    ax.scatter(range(start, start + k), view.indices, s=10, color=COLORS["vermilion"],
                label=tr(f"batch {view.batch}", f"批次 {view.batch}"))
     ax.set(xlabel=tr("position in the epoch", "在该 epoch 中的位置"), ylabel=tr("dataset index", "数据集索引"))
     ax.legend(loc="upper left", fontsize=7)
@@ -567,7 +577,14 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     title = tr(f"{view.sampler}, epoch {view.epoch}: batch {b} of {n} ({k} images)",
                f"{view.sampler}，epoch {view.epoch}：第 {b} 个批次，共 {n} 个（{k} 张图像）")
     fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
-    return fig
+    labels = ", ".join(str(classes[v] if classes else v) for v in view.labels)
+    return describe_figure(
+        fig,
+        f"{title}. Top: the batch's {k} images, each titled with its dataset index and label (labels: "
+        f"{labels}). Bottom: a scatter plot of the dataset index at each position of the epoch, the "
+        f"batch's points highlighted.",
+        f"{title}。上方：这个批次的 {k} 张图像，每张标有数据集索引和标签（标签：{labels}）。"
+        f"下方：该 epoch 每个位置上的数据集索引的散点图，这个批次的点被突出显示。")
 
 
 def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:

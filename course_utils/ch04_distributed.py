@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import sampler_indices
-from .figures import pyplot, show_figure
+from .figures import describe_figure, pyplot, show_figure
 from .i18n import tr
 
 GREY = "#c8c8c8"
@@ -34,6 +34,14 @@ def collective_effect(name: str) -> str:
     }[name]
 
 
+def _ink(color: str) -> str:
+    """Black or white, whichever reads better on `color` (its relative luminance)."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(color))
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.18 else "white"
+
+
 def _boxes(ax: Any, rows: Sequence[Sequence[tuple]], labels: Sequence[str]) -> None:
     """Draw rows of labelled boxes, the first row on top; a box is ``(x, text, colour, hatched)``."""
     from matplotlib.patches import Rectangle
@@ -43,7 +51,7 @@ def _boxes(ax: Any, rows: Sequence[Sequence[tuple]], labels: Sequence[str]) -> N
         for x, text, color, hatched in row:
             hatch = "///" if hatched else None
             ax.add_patch(Rectangle((x, y), 0.9, 0.8, fc=color, ec="black", lw=0.6, hatch=hatch))
-            ink = "black" if hatched or color == GREY else "white"
+            ink = "black" if hatched else _ink(color)
             # regular weight, the only one the Chinese edition's font ships: a bold request there makes
             # matplotlib write "findfont: Failed to find font weight bold ..." under the figure
             ax.text(x + 0.45, y + 0.4, text, ha="center", va="center", size=9.5, color=ink)
@@ -101,7 +109,14 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
                     f"DistributedSampler：{n} 个样本，{world_size} 个 rank，epoch {epoch}，"
                     f"shuffle={shuffle}，drop_last={drop_last}"), fontsize=10)
     fig.tight_layout()
-    return fig
+    title = " ".join(ax.get_title().split())
+    return describe_figure(
+        fig,
+        f"{title}. Rows of numbered boxes: the top row is the epoch's order of the data set's indices "
+        f"{order}; below it, one row per rank with its share: "
+        + "; ".join(f"rank {r}: {share}" for r, share in enumerate(shares)) + f". {note}.",
+        f"{title}。一行行带编号的方框：最上面一行是该 epoch 中数据集索引的顺序 {order}；下面每个 rank 一行，"
+        "是它分到的部分：" + "；".join(f"rank {r}：{share}" for r, share in enumerate(shares)) + f"。{note}。")
 
 
 def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -123,7 +138,18 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
     fig.suptitle(tr("Who reads which item (number: position in that rank's epoch)",
                     "谁读取了哪个样本（数字：在该 rank 的 epoch 中的位置）"))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return fig
+
+    def reads(mode: str, sep: str, rank_word: str) -> str:
+        return sep.join(f"epoch {e}: " + ", ".join(f"{rank_word} {rec['rank']} {list(rec[mode][e])}" for rec in records)
+                        for e in range(epochs))
+    return describe_figure(
+        fig,
+        f"Two grids of boxes, one per mode, with a row per epoch and a column per item of the {n}-item data "
+        f"set, each box coloured by the rank that read the item. With set_epoch, the items each rank "
+        f"reads: {reads(modes[0], '; ', 'rank')}. Without set_epoch: {reads(modes[1], '; ', 'rank')}.",
+        f"两组方框网格，每种做法一组：每个 epoch 一行，{n} 个样本的数据集中每个样本一列，方框的颜色表示读取它的 rank。"
+        f"调用 set_epoch 时，各 rank 读取的样本：{reads(modes[0], '；', 'rank')}。"
+        f"不调用 set_epoch 时：{reads(modes[1], '；', 'rank')}。")
 
 
 def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -160,7 +186,16 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
     fig.suptitle(tr(f"Collectives on {world} real processes: what each rank holds before and after",
                     f"在 {world} 个真实进程上运行集合通信：每个 rank 调用前后持有的数据"))
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return fig
+
+    def held(sep: str, arrow: str) -> str:
+        return sep.join(f"{name}: " + ", ".join(f"rank {r} {list(res[name]['before'])}{arrow}{list(res[name]['after'])}"
+                                                for r, res in enumerate(results)) for name in names)
+    return describe_figure(
+        fig,
+        f"For each of {len(names)} collectives on {world} processes, rows of boxes with the values each rank "
+        f"holds before and after the call: {held('; ', ' becomes ')}.",
+        f"{len(names)} 种集合通信在 {world} 个进程上运行，每种画出一行行方框：每个 rank 调用前后持有的值："
+        f"{held('；', ' 变为 ')}。")
 
 
 def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, Sequence[int]]]) -> Any:
@@ -175,7 +210,7 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
             k = min(int(shapes[name][0]), rows - start)
             ax.barh(i, k / rows, left=start / rows, color=f"C{r % 10}", edgecolor="black")
             text = tr(f"rank {r}: rows {start}-{start + k - 1}", f"rank {r}：第 {start}-{start + k - 1} 行")
-            ax.text((start + k / 2) / rows, i, text, ha="center", va="center", color="white", size=8)
+            ax.text((start + k / 2) / rows, i, text, ha="center", va="center", color=_ink(f"C{r % 10}"), size=8)
             start += k
     ax.set_yticks(range(len(full)), [f"{name} {list(shape)}" for name, shape in full.items()])
     ax.invert_yaxis()
@@ -184,7 +219,21 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
     ax.set_title(tr("fully_shard: every rank stores a slice of every parameter",
                     "fully_shard：每个 rank 只存储每个参数的一个分片"))
     fig.tight_layout()
-    return fig
+    en, zh = [], []
+    for name in full:
+        rows, start, parts_en, parts_zh = int(full[name][0]), 0, [], []
+        for r, shapes in enumerate(local):
+            k = min(int(shapes[name][0]), rows - start)
+            parts_en.append(f"rank {r} rows {start}-{start + k - 1}")
+            parts_zh.append(f"rank {r} 第 {start}-{start + k - 1} 行")
+            start += k
+        en.append(f"{name} {list(full[name])}: " + ", ".join(parts_en))
+        zh.append(f"{name} {list(full[name])}：" + "，".join(parts_zh))
+    return describe_figure(
+        fig,
+        "Horizontal bars, one per parameter of the model, each split into the rows (dim 0) that each rank "
+        "stores under fully_shard: " + "; ".join(en) + ".",
+        "水平条形图，模型的每个参数一条，按 fully_shard 下每个 rank 存储的行（第 0 维）分段：" + "；".join(zh) + "。")
 
 
 def sampler_explorer() -> Any:

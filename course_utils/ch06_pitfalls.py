@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from .device import one_main_thread
 from .dist import single_process_group
-from .figures import pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import language, pad, text_width, tr
 from .models import MLP
 
@@ -261,7 +261,17 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
         fontsize=10,
     )
     fig.tight_layout()
-    return fig
+
+    def visits(sep: str, word: str) -> str:
+        return sep.join(f"{title}: " + ", ".join(f"epoch {e} rank {r} {word} {o[e][r]}" for e in range(epochs)
+                                                for r in range(world_size)) for title, o in orders.items())
+    return describe_figure(
+        fig,
+        f"{len(orders)} grids, one per way of building the loaders, with a row per epoch and rank and a column "
+        f"per sample; a numbered cell is a sample that rank visits, the number its position. The samples "
+        f"each rank visits, in order: {visits('; ', 'visits')}.",
+        f"{len(orders)} 个网格，每种构建加载器的方式一个：每个 epoch 的每个 rank 一行，每个样本一列；"
+        f"带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank 按顺序访问的样本：{visits('；', '访问')}。")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,9 +463,9 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     plt = pyplot()
 
     on = _normalise(mistakes)
-    runs = [(switchboard_run(), "tab:blue", tr("no mistake", "无错误"))]
+    runs = [(switchboard_run(), COLORS["blue"], tr("no mistake", "无错误"))]
     if on:
-        runs.append((switchboard_run(on), "tab:red", tr("mistakes on", "打开错误")))
+        runs.append((switchboard_run(on), COLORS["vermilion"], tr("mistakes on", "打开错误")))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
     for run, colour, name in runs:
         smooth = np.convolve(run.train_loss, np.ones(5) / 5, mode="valid")  # moving average of 5
@@ -475,7 +485,16 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     fig.suptitle(tr(f"Mistakes on: {', '.join(switch_label(m) for m in on) or 'none'}",
                     f"打开的错误：{'；'.join(switch_label(m) for m in on) or '无'}"), fontsize=10)
     fig.tight_layout()
-    return fig
+    title = fig.get_suptitle()
+    ends_en = "; ".join(f"{name}: training loss {run.train_loss[-1]:.3f} at the end, validation loss as "
+                        f"reported {run.val_loss[-1]:.3f}" for run, _, name in runs)
+    ends_zh = "；".join(f"{name}：最终训练损失 {run.train_loss[-1]:.3f}，报告的验证损失 {run.val_loss[-1]:.3f}"
+                        for run, _, name in runs)
+    return describe_figure(
+        fig,
+        f"{title}. Two line charts against the training step: the training loss (moving average of 5 steps) "
+        f"and the validation loss, one line per run. {ends_en}.",
+        f"{title}。两幅以训练步数为横轴的折线图：训练损失（5 步滑动平均）和验证损失，每次运行一条线。{ends_zh}。")
 
 
 def _summary_lines(rows: Sequence[tuple[str, SwitchboardRun]]) -> str:

@@ -1,5 +1,12 @@
-"""Figures: how the course shows matplotlib figures, in cells and in widget callbacks, and the font
-that draws Chinese text in the Chinese edition."""
+"""Figures: how the course shows matplotlib figures, in cells and in widget callbacks; the font that
+draws Chinese text in the Chinese edition; the colour-blind-safe palette; and each figure's
+alternative text.
+
+Alternative text is written where a figure is made, in both languages: ``describe_figure(fig, english,
+chinese)``. When Jupyter shows the figure (``plt.show()``, the end of a cell, :func:`show_figure`),
+the text goes into the output's metadata, ``{"image/png": {"alt": ...}}``, where the course's book
+(``make book``) reads it into ``<img alt>``; a test fails on a stored image without it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import importlib.util
 import warnings
 from pathlib import Path
 
-from .i18n import language
+from .i18n import language, tr
 
 #: Fonts with the Simplified Chinese glyphs, in order of preference: the one the course installs
 #: (Noto Sans CJK SC, SIL Open Font License, shipped by the pinned ``mplfonts`` package), then ones
@@ -15,6 +22,14 @@ from .i18n import language
 CJK_FAMILIES = ("Noto Sans CJK SC", "Source Han Sans SC", "Noto Sans SC", "WenQuanYi Zen Hei",
                 "WenQuanYi Micro Hei", "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "SimSun")
 _state = {"family": None, "done": False}
+
+#: Okabe and Ito's palette ("Color Universal Design", 2002): eight colours told apart with every common
+#: kind of colour blindness, in the order the course's figures take them (black last: it is for text).
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
+#: Named roles, so that a figure says what a colour means rather than which colour it is.
+COLORS = {"blue": OKABE_ITO[0], "orange": OKABE_ITO[1], "green": OKABE_ITO[2], "vermilion": OKABE_ITO[3],
+          "sky": OKABE_ITO[4], "purple": OKABE_ITO[5], "yellow": OKABE_ITO[6], "grey": "#7F7F7F"}
+ALT_ATTRIBUTE = "_course_alt_text"
 
 
 def course_font_file() -> Path | None:
@@ -60,12 +75,95 @@ def use_course_font() -> None:
     matplotlib.rcParams["font.family"] = ["sans-serif", family]
 
 
+def use_course_style() -> None:
+    """The course's plotting style: colours cycle through the Okabe-Ito palette (colour-blind safe)
+    instead of matplotlib's default ``tab10``, whose red and green look alike to one reader in twelve.
+    Only over matplotlib's default cycle: a cycle of the reader's own is left alone."""
+    import matplotlib
+    from cycler import cycler
+
+    if matplotlib.rcParams["axes.prop_cycle"] == matplotlib.rcParamsDefault["axes.prop_cycle"]:
+        matplotlib.rcParams["axes.prop_cycle"] = cycler(color=list(OKABE_ITO[:7]))
+
+
 def pyplot():
-    """``matplotlib.pyplot``, with the course's font for the chosen language (the helpers draw with it)."""
+    """``matplotlib.pyplot``, with the course's font for the chosen language and its colour-blind-safe
+    style (the helpers draw with it; a notebook's own figures too, when it imports ``plt`` from here)."""
     import matplotlib.pyplot as plt
 
     use_course_font()
+    use_course_style()
     return plt
+
+
+def describe_figure(fig, en: str, zh: str):
+    """Give the figure `fig` its alternative text, in the course's language (``tr(en, zh)``): one or
+    two sentences saying what the figure shows, for a reader who cannot see it. Returns `fig`.
+
+    Jupyter then stores the text in the metadata of the figure's output, wherever it is shown."""
+    text = " ".join(tr(en, zh).split())
+    if not text:
+        raise ValueError("describe_figure() needs the figure's alternative text in both languages, not empty text.")
+    if not hasattr(fig, "savefig"):
+        raise TypeError(f"describe_figure() takes a matplotlib figure, not {type(fig).__name__}.")
+    setattr(fig, ALT_ATTRIBUTE, text)
+    carry_alt_text()
+    return fig
+
+
+def alt_text(fig) -> str | None:
+    """The alternative text :func:`describe_figure` gave `fig`, or None."""
+    return getattr(fig, ALT_ATTRIBUTE, None)
+
+
+def with_alt_text(metadata: dict | None, alt: str | None) -> dict | None:
+    """An output's metadata for one image, with `alt` added (unchanged where `alt` is None)."""
+    if not alt:
+        return metadata
+    return {**(metadata or {}), "alt": alt}
+
+
+def _alt_formatter(format_figure):
+    """IPython's formatter of a figure (PNG, JPEG...), returning the figure's alternative text with the
+    image: a formatter may return ``(data, metadata)``, and IPython stores that metadata under the
+    image's type in the output."""
+    def formatter(fig):
+        out = format_figure(fig)
+        alt = alt_text(fig)
+        if out is None or not alt:
+            return out
+        data, metadata = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
+        return data, with_alt_text(metadata, alt)
+
+    formatter.course_alt_text = True
+    return formatter
+
+
+def carry_alt_text(shell=None) -> bool:
+    """Wrap the running IPython's image formatters of matplotlib figures (which the inline backend
+    registers) so that they carry each figure's alternative text; again after the backend replaced
+    them. Returns whether a formatter carries it now; nothing happens outside IPython."""
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None:
+        return False
+    from matplotlib.figure import Figure
+
+    carried = False
+    for mime in ("image/png", "image/jpeg", "image/svg+xml"):
+        formatter = shell.display_formatter.formatters.get(mime)
+        try:
+            current = formatter.lookup_by_type(Figure)
+        except (AttributeError, KeyError):
+            continue
+        if not getattr(current, "course_alt_text", False):
+            formatter.for_type(Figure, _alt_formatter(current))
+        carried = True
+    return carried
 
 
 def show_figure(fig) -> None:
@@ -79,4 +177,5 @@ def show_figure(fig) -> None:
     from IPython.display import display
 
     pyplot().close(fig)
+    carry_alt_text()
     display(fig)

@@ -203,8 +203,9 @@ def test_dot_source_has_the_course_labels_highlight_and_gradients(no_dot):
     assert 'label="#0 SigmoidBackward0\n-> z (1,)"' in src and 'label="#4 leaf w (1,)"' in src
     step = G.step_view(z, params, step=3).dot_source  # MulBackward0 sends to w (#4) and x (#5)
     mul = re.search(r'(?m)^\t(n\d+) \[label="#2 MulBackward0', step).group(1)
-    assert re.search(rf'(?m)^\t{mul} \[color="#d62728" fillcolor="#fff3a3" penwidth=3\]$', step)
+    assert re.search(rf'(?m)^\t{mul} \[color="#D55E00" fillcolor="#fff3a3" penwidth=3\]$', step)
     assert re.search(rf'-> {mul} \[label=" 0.00182 " .*dir=back\]', step)
+    assert "Highlighted: #2 MulBackward0, the node this step runs" in G.step_view(z, params, step=3).alt
     assert re.search(rf'-> {mul} \[label=" 0.002731 " .*dir=back\]', step)
 
 
@@ -225,7 +226,9 @@ def test_matplotlib_path_without_dot(no_dot):
     _, _, _, _, z, params = sigmoid_example()
     d = G.draw(z, params, show_values=True, show_saved=True)
     assert d.engine == "matplotlib"
-    assert d.png.startswith(PNG) and d._repr_png_() is d.png
+    assert d.png.startswith(PNG) and d._repr_png_() == (d.png, {"alt": d.alt})  # Jupyter stores the alt text
+    assert d.alt.startswith("autograd graph of z (6 nodes). An autograd graph drawn as boxes and arrows: 3 operation(s) "
+                            "(MulBackward0, AddBackward0, SigmoidBackward0) lead from the leaf tensor(s) b, w, x to z.")
     assert repr(d) == G.as_text(z, params, show_values=True, show_saved=True)
     assert d.dot_source.startswith("digraph")  # the DOT source is there even without `dot`
 

@@ -19,6 +19,7 @@ from course_utils.ch04_distributed import (
     sampler_explorer,
 )
 from course_utils.data import sampler_indices
+from course_utils.figures import OKABE_ITO
 
 matplotlib.use("Agg")
 
@@ -72,7 +73,7 @@ def test_draw_collectives_one_panel_per_collective():
     assert fig.axes[0].get_title(loc="left").startswith("all_reduce")
     colours = {ax.get_title(loc="left").split(":")[0]: [to_hex(p.get_facecolor()) for p in ax.patches]
                for ax in fig.axes[:len(COLLECTIVES)]}
-    c0, c1, grey = "#1f77b4", "#ff7f0e", "#c8c8c8"  # rank 0's data, rank 1's, a sum over both ranks
+    c0, c1, grey = OKABE_ITO[0].lower(), OKABE_ITO[1].lower(), "#c8c8c8"  # rank 0's data, rank 1's, a sum
     assert colours["reduce"] == [c0, c0, grey, grey, c1, c1, c1, c1]  # rank 1 keeps its own
     assert colours["all_gather"][2:6] == [c0, c0, c1, c1]
     assert colours["broadcast"][6:] == [c0, c0] and colours["reduce_scatter"][2] == grey

@@ -59,14 +59,14 @@ def test_environment_yml_agrees_with_requirements():
 def test_make_targets_call_the_task_runner():
     mk = (ROOT / "Makefile").read_text()
     for target in ("lab", "test", "execute", "bench", "stress", "test-spawn", "test-pythons", "test-gpu",
-                   "test-slurm", "test-browser", "test-portable", "hub", "test-hub"):
+                   "test-slurm", "test-browser", "test-portable", "book", "test-book", "hub", "test-hub"):
         assert re.search(rf"^{target}:.*\n\t@\$\(PYTHON\) tasks.py {target}$", mk, re.M), target
         assert target in tasks.COMMANDS
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", " "))]
     lanes = [ln for ln in ci if ln.startswith(("make ", "python3 tasks.py"))]
     assert lanes == ["python3 tasks.py test-pythons --pythons 3.12,3.13 --setup-only >\"$pythons_log\" 2>&1 &",
                      "make test", "python3 tasks.py test-portable --levels default,avx2,one-core",
-                     "make test-browser", "make test-spawn", "make test-slurm",
+                     "make test-browser", "make test-book", "make test-spawn", "make test-slurm",
                      "python3 tasks.py test-pythons --pythons 3.12,3.13", "make test-hub"]
 
 

@@ -8,6 +8,9 @@
 widget state, execution counts 1..N, and every machine path in the outputs made
 relative (repository root -> ``.``, site-packages -> ``<site-packages>``), the
 same forms that ``nbval_sanitize.cfg`` produces when nbval re-runs a notebook.
+It records the run that made the outputs in the notebook's metadata,
+``course.last_run`` = ``{"torch": "2.14.1+cu130", "date": "2026-12-06"}`` (the
+kernel's torch, the date in UTC): the book's "last run" line reads it.
 """
 
 from __future__ import annotations
@@ -103,8 +106,36 @@ def _prepare(nb) -> None:
     mark_expected_failures(nb)
 
 
-def _finish(nb) -> None:
+def torch_version() -> str:
+    """``torch.__version__`` of this environment (the kernel's), read without importing torch."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = (Path(folder) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.M)
+        if found:
+            return found.group(1)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def last_run(date: float | None = None) -> dict[str, str]:
+    """What ``execute`` records of a run: the torch version and the date (UTC, ``YYYY-MM-DD``)."""
+    return {"torch": torch_version(), "date": time.strftime("%Y-%m-%d", time.gmtime(date))}
+
+
+def _finish(nb, run: dict[str, str] | None = None) -> None:
+    """Clean the executed notebook's metadata and outputs, and record `run` (default: this one)."""
     nb.metadata.pop("widgets", None)
+    course = nb.metadata.setdefault("course", {})
+    course["last_run"] = dict(run or last_run())
     nb.metadata["kernelspec"] = dict(KERNEL)
     lang = nb.metadata.setdefault("language_info", {})
     for key in list(lang):

@@ -160,6 +160,10 @@ def build_one(nb_path: Path) -> dict:
             prev = kept[(cell["id"], "".join(cell["source"]))]
             cell["outputs"], cell["execution_count"] = prev["outputs"], prev["execution_count"]
     out["metadata"]["course"] = {"language": LANG, "built_from": f"notebooks/{nb_path.name}"}
+    if old.exists():  # the run that made the outputs kept (the English notebook's is another run)
+        run = load(old)["metadata"].get("course", {}).get("last_run")
+        if run:
+            out["metadata"]["course"]["last_run"] = run
     return out
 
 
