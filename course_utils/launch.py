@@ -48,6 +48,8 @@ _COLLATERAL = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|"
     r"DistBackendError|Socket Timeout|timed out|SIGTERM|Signal 15",
 )
+# A last line that says why a rank stopped: an exception, or a script's own "error: ..." line.
+_SAYS_WHY = re.compile(r"^(error\b|[A-Za-z_][\w.]*(Error|Exception)\b)", re.IGNORECASE)
 
 
 class LaunchError(RuntimeError):
@@ -877,7 +879,10 @@ def _error_tail(lines: Sequence[str], n: int = TAIL_LINES) -> list[str]:
 
 
 def _blame(failures: dict[int, int], root: int | None, stderr: list[list[str]]) -> int | None:
-    """The rank to name: one that failed by itself, the lowest of several that failed alike."""
+    """The rank to name: one that failed by itself, the lowest of several that failed alike; among
+    them, one that said why (wrote an error) rather than one that stopped silently, whichever exited
+    first. Every rank stopping because rank 0 refused something is the usual case: rank 0 says why
+    and may even be stopped (SIGTERM) by the launcher after saying it, once a silent peer has exited."""
 
     def last_line(r: int) -> str:
         return ([""] + _error_tail(stderr[r] if r < len(stderr) else []))[-1]
@@ -886,6 +891,13 @@ def _blame(failures: dict[int, int], root: int | None, stderr: list[list[str]]) 
         return min((r for r, e in enumerate(stderr) if "Traceback" in "\n".join(e)), default=None)
     genuine = [r for r in sorted(failures) if failures[r] != -signal.SIGTERM]
     genuine = [r for r in genuine if not _COLLATERAL.search(last_line(r))]
+    said_why = [r for r in genuine if _SAYS_WHY.match(last_line(r))]
+    if genuine and not any(map(last_line, genuine)):  # all silent: one stopped after saying why?
+        stopped = [r for r in sorted(failures) if r not in genuine and _SAYS_WHY.match(last_line(r))]
+        stopped = [r for r in stopped if not _COLLATERAL.search(last_line(r))]
+        if stopped:
+            return stopped[0]
+    genuine = said_why or [r for r in genuine if last_line(r)] or genuine
     if not genuine:
         return root if root is not None else min(failures)
     if len({last_line(r) for r in genuine}) == 1 or root not in genuine:

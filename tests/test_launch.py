@@ -63,12 +63,14 @@ WARM_RANKS: list[int] = []  # every rank the warm engine started in this process
 def tagged_processes(tag: str) -> list[int]:
     """Live processes whose environment holds LAUNCH_TEST_TAG=tag (zombies show no environment),
     and those in the session of a rank the warm engine started (a forked rank's /proc environ is
-    its server's: the variables it was given do not show there)."""
+    its server's: the variables it was given do not show there). Not the idle warm servers kept for
+    the next job (one started for a job has that job's variables; it runs nothing of it any more)."""
     marker = f"LAUNCH_TEST_TAG={tag}\0".encode()
     sessions = {str(p).encode() for p in WARM_RANKS}
+    idle = {str(s.proc.pid) for s in launch._Server.idle}
     found = []
     for name in os.listdir("/proc"):
-        if name.isdigit():
+        if name.isdigit() and name not in idle:
             try:
                 with open(f"/proc/{name}/environ", "rb") as fh:
                     env = fh.read()
@@ -284,6 +286,13 @@ def test_failure_summary_and_blame():
     assert launch._blame({0: 1, 1: 1}, 1, same) == 0
     # No summary at all: the lowest rank with a traceback.
     assert launch._blame({}, None, [[], boom]) == 1
+    # Every rank stops with the same code, but only rank 0 said why (train.py refusing a checkpoint):
+    # rank 0 is named, whichever exited first, and also when it was stopped (SIGTERM) after saying it.
+    why = ["error: the checkpoint last.pt was made with another configuration (epochs: 4 -> 6)."]
+    assert launch._blame({0: 2, 1: 2}, 1, [why, []]) == 0
+    assert launch._blame({0: -15, 1: 2}, 1, [why, []]) == 0
+    # A stopped rank's last words count only when they are an error, not a warning it printed earlier.
+    assert launch._blame({0: -15, 1: 2}, 1, [["UserWarning: something"], []]) == 1
     assert launch._error_tail(["noise", *boom]) == [
         "Traceback (most recent call last):", '  File "x.py", line 3', "ValueError: boom"]
     assert "SIGKILL" in launch._describe_exit(-9) and launch._describe_exit(3) == "exit code 3"
@@ -856,3 +865,22 @@ def test_spawn_bounded_stops_children_at_the_deadline():
     with pytest.raises(SpawnFailed, match="did not finish"):
         spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow
+def test_the_rank_that_said_why_is_named_whichever_exited_first(tmp_path, engine):
+    """Rank 1 exits first and silently, rank 0 has said why (refuse.py, as train.py refusing a checkpoint):
+    20 launches, half with rank 0 exiting by itself (both codes 2), half with rank 0 stopped by the
+    launcher after saying why. The error always names rank 0 and quotes its reason."""
+    for run in range(20):
+        folder = tmp_path / str(run)
+        folder.mkdir()
+        stubborn = run % 2
+        with pytest.raises(LaunchError) as info:
+            torchrun(f"{SCRIPTS}/refuse.py", nproc=2, timeout=120, show=False, cwd=ROOT,
+                     env={"REFUSE_DIR": folder, "REFUSE_STUBBORN": stubborn})
+        exc = info.value
+        assert exc.rank == 0, f"run {run} (stubborn={stubborn}): {exc}"
+        assert exc.error.startswith("error: the checkpoint last.pt was made with another configuration")
+        assert "(it wrote nothing to stderr)" not in str(exc)
+        assert "epochs: 4 -> 6" in str(exc)
