@@ -262,13 +262,14 @@ class _Torchrun:
             stack.extend(children.get(pid, []))
         return found
 
-    def stop(self) -> None:
-        """SIGTERM every process of the job, SIGKILL what is left after GRACE_S."""
+    def stop(self, hurry: Callable[[], bool] = lambda: False) -> None:
+        """SIGTERM every process of the job, SIGKILL what is left after GRACE_S (at once when
+        `hurry()` turns true)."""
         if os.name != "posix":  # pragma: no cover - the course runs on Linux and macOS
             self.proc.kill()
             return
         launcher = {self.proc.pid} if self.poll() is None else set()  # not reaped yet
-        _stop(self.pids, launcher, self.poll)  # (poll reaps the launcher once it has exited)
+        _stop(self.pids, launcher, self.poll, hurry)  # (poll reaps the launcher once it has exited)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
@@ -296,9 +297,15 @@ def _with_pdeathsig(cmd: list[str]) -> list[str]:
     return [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
 
 
-def _stop(find: Callable[[], set[int]], also: Iterable[int] = (), reap: Callable = lambda: None) -> None:
+def _stop(
+    find: Callable[[], set[int]],
+    also: Iterable[int] = (),
+    reap: Callable = lambda: None,
+    hurry: Callable[[], bool] = lambda: False,
+) -> None:
     """SIGTERM the processes `find()` returns (and `also`), each one's process group too, SIGKILL
-    what is left after GRACE_S, until `find()` finds none."""
+    what is left after GRACE_S (or as soon as `hurry()` is true: the learner pressed again), until
+    `find()` finds none."""
     pids = find() | set(also)
     # SIGKILL more than once: a launcher in the middle of a restart may start new workers.
     for sig in [signal.SIGTERM] + [signal.SIGKILL] * 5:
@@ -309,7 +316,7 @@ def _stop(find: Callable[[], set[int]], also: Iterable[int] = (), reap: Callable
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
         end = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else 0.05)
-        while any(map(_alive, pids)) and time.monotonic() < end:
+        while any(map(_alive, pids)) and time.monotonic() < end and not (sig == signal.SIGTERM and hurry()):
             time.sleep(0.05)
             reap()
         pids = {p for p in pids | find() if _alive(p)}
@@ -733,10 +740,10 @@ class _Warm:
         found = _job_processes(self.job_id, self.ranks) | set(self.ranks)
         return {p for p in found if _alive(p)}
 
-    def stop(self) -> None:
+    def stop(self, hurry: Callable[[], bool] = lambda: False) -> None:
         """Stop every process of the job (see ``_stop``); the server, told by its ranks' ends,
         answers and goes back to the pool; one that does not answer is closed."""
-        _stop(self.pids)
+        _stop(self.pids, hurry=hurry)
         if self.server is not None:
             self._answer(10.0)
         if self.server is not None:  # no answer: not to be trusted with another job
@@ -744,24 +751,62 @@ class _Warm:
             self.server = None
 
 
+@contextlib.contextmanager
+def _one_interrupt() -> Iterator[list[float]]:
+    """Inside the block, the first Ctrl-C (a kernel interrupt, SIGINT) raises KeyboardInterrupt as
+    usual, and every later one is only counted (in the list yielded): a job being stopped is stopped
+    to the end, however often the learner presses. Only where Python delivers signals (the main
+    thread) and where SIGINT already raised KeyboardInterrupt (a callable handler)."""
+    pressed: list[float] = []
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.getsignal(signal.SIGINT) if main else None
+    if not callable(old):
+        yield pressed
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        pressed.append(time.monotonic())
+        if len(pressed) == 1:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _supervise(job: _Torchrun | _Warm, display: _Quiet, timeout: float | None) -> tuple:
     """Watch the job until it exits or `timeout` passes, then stop every process of it (the whole
-    job, or what it left running); on an interrupt too. Returns (exit code|None, seconds, logs)."""
+    job, or what it left running); on an interrupt too, however often it is pressed: a second
+    press only skips the grace period. Returns (exit code|None, seconds, logs)."""
     logs, t0 = _Logs(job.nproc), time.monotonic()
     deadline = t0 + timeout if timeout is not None else float("inf")
-    try:
-        while (rc := job.poll()) is None and time.monotonic() < deadline:
-            display.show(logs, logs.read(job.attempt_dirs()))
-            job.wait(max(0.0, min(POLL_S, deadline - time.monotonic())))
-        elapsed = time.monotonic() - t0
-        job.stop()
-    except BaseException:  # KeyboardInterrupt (a kernel interrupt) or an error of ours
-        for _ in range(3):  # a second interrupt while stopping must not leave orphans
-            with contextlib.suppress(KeyboardInterrupt):
-                job.stop()
-                break
-        display.end(logs, None)
-        raise
+    with _one_interrupt() as pressed:
+        try:
+            while (rc := job.poll()) is None and time.monotonic() < deadline:
+                display.show(logs, logs.read(job.attempt_dirs()))
+                job.wait(max(0.0, min(POLL_S, deadline - time.monotonic())))
+            elapsed = time.monotonic() - t0
+            job.stop()
+        except BaseException as exc:  # KeyboardInterrupt (a kernel interrupt) or an error of ours
+            again = len(pressed)  # presses from now on hurry the stop; they cannot abort it
+            for _ in range(3):  # (where presses still raise: no handler of ours, see _one_interrupt)
+                with contextlib.suppress(KeyboardInterrupt):
+                    job.stop(hurry=lambda: len(pressed) > again)
+                    break
+            if not isinstance(exc, KeyboardInterrupt):
+                display.end(logs, None)
+                raise
+            with contextlib.suppress(Exception):  # what the ranks printed, kept where the logs go
+                display.show(logs, logs.read(job.attempt_dirs(), final=True))
+                logs.keep(job.logs)
+            display.end(logs, "interrupted")
+            exc.args = (tr(
+                f"the job was interrupted, and every process of it was stopped. What the ranks printed "
+                f"is above; logs: {job.logs}",
+                f"作业被中断，它的所有进程都已停止。各 rank 打印的内容在上面；日志：{job.logs}"),)
+            raise
     display.show(logs, logs.read(job.attempt_dirs(), final=True))
     logs.keep(job.logs)
     display.end(logs, "timeout" if rc is None else "failure" if rc else "ok")
@@ -854,10 +899,11 @@ class _Notebook(_Quiet):
             _write(sys.stdout, grouped)
             _write(sys.stderr, errs)
         elif outcome is not None:
-            what = "失败" if outcome == "failure" else "超时"
-            sys.stderr.write(tr(f"[launcher] what the ranks printed before the {outcome}:\n",
+            what = {"failure": "失败", "timeout": "超时", "interrupted": "中断"}[outcome]
+            outcome_en = "interrupt" if outcome == "interrupted" else outcome
+            sys.stderr.write(tr(f"[launcher] what the ranks printed before the {outcome_en}:\n",
                                 f"[启动器] {what}之前各 rank 打印的内容：\n"))
-            _write(sys.stderr, grouped + (errs if outcome == "timeout" else []))
+            _write(sys.stderr, grouped + (errs if outcome != "failure" else []))
 
 
 def _failures(launcher_text: str) -> tuple[dict[int, int], int | None]:
@@ -1078,6 +1124,9 @@ def main(argv: list[str]) -> int:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         code = 124 if isinstance(exc, LaunchTimeout) else exc.exit_code
         return code if code is not None and 0 < code < 256 else 1
+    except KeyboardInterrupt as exc:  # Ctrl-C: the job is stopped; no traceback of the launcher
+        print(tr(f"[launcher] {str(exc) or 'interrupted'}", f"[启动器] {str(exc) or '已中断'}"), file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -884,3 +884,72 @@ def test_the_rank_that_said_why_is_named_whichever_exited_first(tmp_path, engine
         assert exc.error.startswith("error: the checkpoint last.pt was made with another configuration")
         assert "(it wrote nothing to stderr)" not in str(exc)
         assert "epochs: 4 -> 6" in str(exc)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_repeated_interrupts_still_stop_every_process(notebook_mode, tmp_path, engine, capsys):
+    """Four interrupts 0.3-1 s apart while the ranks take longer than the grace period to stop (they
+    save a checkpoint on SIGTERM): the stop goes on to the end whatever is pressed, so nothing of the
+    job outlives the KeyboardInterrupt; and the interrupted cell says what the ranks printed and where
+    their logs are."""
+    tag = uuid.uuid4().hex
+    main = threading.main_thread().ident
+
+    def interrupt_four_times():
+        end = time.monotonic() + 200
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the ranks' first line is in their logs
+        for pause in (0.3, 1.0, 0.5, 0.0):
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(pause)
+
+    # As in a kernel: a press raises KeyboardInterrupt while the cell runs, and does nothing after it.
+    running = [True]
+
+    def kernel_like(signum, frame):
+        if running[0]:
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, kernel_like)
+    presser = threading.Thread(target=interrupt_four_times, daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            try:
+                torchrun(f"{SCRIPTS}/slow_to_stop.py", nproc=2, timeout=300, cwd=ROOT,
+                         env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
+            finally:
+                running[0] = False
+        left = tagged_processes(tag)  # at once: no waiting for stragglers
+        presser.join(10)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid")]
+    assert len(pids) == 2 and left == [] and not any(map(alive, pids))
+    log_dir = re.search(r"logs: (\S+)", str(info.value)).group(1)
+    assert (Path(log_dir) / "rank0.stdout.log").read_text() == "rank 0 working\n"
+    err = capsys.readouterr().err
+    assert "[rank 0] rank 0 working" in err and "[rank 1] rank 1 working" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_command_line_interrupted_says_so_without_a_traceback(tmp_path, engine):
+    tag = uuid.uuid4().hex
+    cmd = [sys.executable, "-m", "course_utils", "launch", f"{SCRIPTS}/hang.py", "--nproc", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HANG_PID_DIR": str(tmp_path), "LAUNCH_TEST_TAG": tag})
+    try:
+        end = time.monotonic() + 200
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C in a terminal (the whole group gets it; here the launcher)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted" in err and re.search(r"logs: \S+", err)
+    assert tagged_processes(tag) == []
