@@ -953,3 +953,51 @@ def test_command_line_interrupted_says_so_without_a_traceback(tmp_path, engine):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert "interrupted" in err and re.search(r"logs: \S+", err)
     assert tagged_processes(tag) == []
+
+
+def test_more_processes_than_the_machine_can_hold_are_refused_with_what_to_do(monkeypatch, capsys):
+    """nproc=1000 once filled the memory (each rank imports torch) and set off the OOM killer: refused
+    up front, saying why and how to go beyond on purpose (max_nproc=, --max-nproc)."""
+    def no_popen(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_popen)
+    ok = f"{SCRIPTS}/two_ranks.py"
+    with pytest.raises(ValueError) as info:
+        torchrun(ok, nproc=1000, cwd=ROOT)
+    text = str(info.value)
+    assert "nproc=1000" in text and "MB" in text and "max_nproc=1000" in text and "--max-nproc 1000" in text
+    # The bound: the memory available (about RANK_MEMORY_MB a rank) and the cores (RANKS_PER_CORE each).
+    monkeypatch.setattr(launch, "_memory_available", lambda: 10 * launch.RANK_MEMORY_MB * 2**20)
+    monkeypatch.setattr(launch, "_cores", lambda: 1)
+    limit, _ = launch.machine_capacity()
+    assert limit == min(10, max(8, launch.RANKS_PER_CORE))
+    with pytest.raises(ValueError, match=f"nproc={limit + 1} is more processes"):
+        torchrun(ok, nproc=limit + 1, cwd=ROOT)
+    with pytest.raises(ValueError, match="max_nproc must be"):
+        torchrun(ok, nproc=2, max_nproc=0, cwd=ROOT)
+    # An explicit max_nproc lets it through (to the start of the ranks, stopped here).
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(_Started()))
+    with pytest.raises(_Started):
+        torchrun(ok, nproc=limit + 1, max_nproc=limit + 1, cwd=ROOT, engine="torchrun", show=False)
+    assert launch.main([ok, "--nproc", "1000"]) == 2
+    assert "--max-nproc 1000" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_nprocs=1000"):  # mp.spawn, bounded: the same bound
+        spawn_bounded(_ok, nprocs=1000)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_the_timeout_covers_the_start(tmp_path):
+    """A job whose ranks are slow to start (here: a new warm server must import torch first) still
+    ends at its timeout, counted from the call, with nothing left running."""
+    tag = uuid.uuid4().hex
+    limit = 1.0
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:  # a start-up variable never seen: a new server
+        torchrun(f"{SCRIPTS}/hang.py", nproc=2, timeout=limit, show=False, cwd=ROOT, engine="warm",
+                 env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag, "TORCH_TEST_FRESH": tag})
+    took = time.monotonic() - t0
+    assert took < limit + launch.GRACE_S + 1.5, took
+    assert "did not finish within its timeout of 1 s" in str(info.value)
+    assert tagged_processes(tag) == []
