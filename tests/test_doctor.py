@@ -197,3 +197,51 @@ def test_the_terminal_takes_the_language_from_course_lang():
     cpu = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["cpu"])
     assert cpu.split()[0] in ("OK", "WARN") and "个核心" in cpu
     assert "项检查：" in proc.stdout and "0 FAIL" in proc.stdout
+
+
+# --- the learner's own settings: the checks run with them, and a wrong one is named -----------------
+
+BAD_SETTINGS = [
+    ("COURSE_DEVICE", "cuda"),  # every notebook's first cell raises in pick_device() on a CPU machine
+    ("COURSE_DEVICE", "tpu"),
+    ("COURSE_BACKEND", "nccl"),  # every launch refuses: nccl needs a GPU per rank
+    ("COURSE_BACKEND", "mpi"),
+    ("COURSE_LAUNCHER", "warmm"),  # a typo: every launch raises ValueError
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS, ids=[f"{n}={v}" for n, v in BAD_SETTINGS])
+def test_workshop_with_a_wrong_setting_is_not_ready_and_names_it(name, value, monkeypatch, capsys):
+    import torch
+
+    if name == "COURSE_DEVICE" and value == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU: COURSE_DEVICE=cuda is right here")
+    if name == "COURSE_BACKEND" and value == "nccl" and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU per rank: nccl works here")
+    for other in ("COURSE_DEVICE", "COURSE_BACKEND", "COURSE_LAUNCHER"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, value)
+    assert doctor.main(["--workshop"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    verdict = lines[-1]
+    assert verdict.startswith("NOT READY: ") and f"{name}={value}" in verdict, verdict
+    assert "firewall" not in verdict and "make setup" not in verdict, verdict
+    assert f"unset {name}" in verdict and verdict.endswith(doctor.again()), verdict
+    # The environment part names it too, on its own line.
+    (line,) = [ln for ln in lines if ln.split()[1:2] == ["settings"]]
+    assert line.startswith("FAIL") and f"{name}={value}" in line
+
+
+def test_settings_that_are_fine_are_ok(monkeypatch):
+    for other in ("COURSE_DEVICE", "COURSE_BACKEND", "COURSE_LAUNCHER", "COURSE_LANG"):
+        monkeypatch.delenv(other, raising=False)
+    assert doctor.check_settings().status == "OK"
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setenv("COURSE_BACKEND", "gloo")
+    monkeypatch.setenv("COURSE_LAUNCHER", "torchrun")
+    check = doctor.check_settings()
+    assert check.status == "OK" and "COURSE_DEVICE=cpu" in check.detail and "COURSE_LAUNCHER=torchrun" in check.detail
+    monkeypatch.setenv("COURSE_LANG", "fr")  # not fatal: the course speaks English
+    check = doctor.check_settings()
+    assert check.status == "WARN" and "COURSE_LANG=fr" in check.detail
