@@ -986,6 +986,14 @@ def _failure(job: _Torchrun | _Warm, rc: int, script: str, nproc: int, **info: A
         head = tr(f"rank {rank} of {nproc} failed with {exit_} running {script}\n"
                   "Last lines of its error output:",
                   f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败，{exit_}\n其错误输出的最后几行：")
+        first = next((r for r in sorted(failures) if failures[r] not in (0, -signal.SIGTERM)), None)
+        if code == -signal.SIGTERM and first is not None:  # it said why, then the launcher stopped it
+            code = failures[first]  # the job's own exit code: the one that ended it
+            exit_ = _describe_exit(code)
+            head = tr(f"rank {rank} of {nproc} failed running {script} (rank {first} exited first, with {exit_}; "
+                      f"rank {rank} was stopped as it ended)\nLast lines of its error output:",
+                      f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败（rank {first} 先退出，{exit_}；"
+                      f"rank {rank} 在结束时被停止）\n其错误输出的最后几行：")
         log = Path(where, f"rank{rank}.stderr.log")
         foot = tr(f"Its full log: {log} (every rank's logs are in {where})",
                   f"它的完整日志：{log}（所有 rank 的日志都在 {where} 中）")

@@ -880,7 +880,7 @@ def test_the_rank_that_said_why_is_named_whichever_exited_first(tmp_path, engine
             torchrun(f"{SCRIPTS}/refuse.py", nproc=2, timeout=120, show=False, cwd=ROOT,
                      env={"REFUSE_DIR": folder, "REFUSE_STUBBORN": stubborn})
         exc = info.value
-        assert exc.rank == 0, f"run {run} (stubborn={stubborn}): {exc}"
+        assert exc.rank == 0 and exc.exit_code == 2, f"run {run} (stubborn={stubborn}): {exc}"
         assert exc.error.startswith("error: the checkpoint last.pt was made with another configuration")
         assert "(it wrote nothing to stderr)" not in str(exc)
         assert "epochs: 4 -> 6" in str(exc)
