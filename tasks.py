@@ -22,6 +22,7 @@ with no package index: the offline install for a workshop room (README).
 Works with any Python 3 to print a clear message; the course itself needs 3.11+.
 """
 
+import contextlib
 import hashlib
 import os
 import re
@@ -40,6 +41,7 @@ REQUIREMENTS = ROOT / "requirements.txt"
 SANITIZE = ROOT / "nbval_sanitize.cfg"
 WHEELHOUSE = ROOT / "wheelhouse"
 MIN_PY = (3, 11)
+PIP_TIMEOUT = 3600  # seconds for one pip step: PyTorch on a slow connection takes long, a stalled one forever
 SETUP_MARK = ".course-setup-incomplete"  # in a venv while set-up fills it: still there means interrupted
 KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is slow, not dead
 CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
@@ -109,6 +111,10 @@ def pip_alone_env(base=None):
 
 
 def _explain_pip_failure(log_text, wheels=None):
+    if re.search(r"No space left on device|\[Errno 28\]", log_text):
+        return ("there is no space left on the disk (pip: \"No space left on device\"). The course's packages "
+                "need about 6 GB (PyTorch is large): free some space, then run the same command again (set-up "
+                "starts over).")
     if wheels is not None:
         missing = re.search(r"No matching distribution found for (\S+)", log_text)
         if missing or re.search(r"Could not find a version", log_text):
@@ -189,33 +195,68 @@ def ensure_venv(quiet=False, venv=None, base=None, wheels=None, pip_env=None):
         _write_lab_overrides(venv)
         return py
     base = base or find_base_python()
+    if venv.is_symlink() and not venv.exists():
+        die("%s is a link to %s, which does not exist: create that folder (or remove the link), then run this "
+            "again." % (shown_path(venv), os.readlink(str(venv))))
     try:
-        if venv.exists() or venv.is_symlink():
-            why = None
-            if mark.exists():
-                why = "its set-up was interrupted"
-            elif not (py.exists() and _has_pip(py)):
-                why = "it has no working Python with pip: a set-up interrupted in its first seconds?"
-            if why:
-                print("%s was left incomplete (%s): making it again from scratch ..." % (venv.name, why),
-                      flush=True)
-                _remove_venv(venv)
-        if not py.exists():
-            print("Creating %s with %s ..." % (venv.name, base), flush=True)
-            venv.mkdir(parents=True, exist_ok=True)
-            mark.write_text("set-up started %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
-            # (its output kept: a Ctrl-C makes `venv` print a traceback of its own, which says nothing useful)
-            r = subprocess.run([base, "-m", "venv", str(venv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               universal_newlines=True)
-            if r.returncode != 0:
-                last = [ln for ln in (r.stdout or "").splitlines() if ln.strip()][-1:]
-                die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)%s." % (
-                    venv.name, ": " + last[0] if last else ""))
-        else:
-            mark.write_text("update started %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
-        return _fill_venv(venv, py, stamp, mark, want, wheels, pip_env)
+        with _setup_lock(venv):
+            return _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env)
     except KeyboardInterrupt:
         _interrupted(venv)
+
+
+@contextlib.contextmanager
+def _setup_lock(venv):
+    """One set-up of `venv` at a time (`make lab` typed in two terminals): a second one waits, and says so.
+    A lock file beside the venv, released however the process ends; none where files cannot be locked."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    fd = os.open(str(venv.parent / (".%s.setup-lock" % venv.name)), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("Another set-up of %s is running (in another terminal?): waiting for it to finish ..." % venv.name,
+                  flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a filesystem without locks
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env):
+    """ensure_venv's work, under the set-up lock: the venv made again when an interrupted set-up left it."""
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want and not mark.exists():
+        return py  # made meanwhile, by the set-up this one waited for
+    if venv.exists() or venv.is_symlink():
+        why = None
+        if mark.exists():
+            why = "its set-up was interrupted"
+        elif not (py.exists() and _has_pip(py)):
+            why = "it has no working Python with pip: a set-up interrupted in its first seconds?"
+        if why:
+            print("%s was left incomplete (%s): making it again from scratch ..." % (venv.name, why),
+                  flush=True)
+            _remove_venv(venv)
+    if not py.exists():
+        print("Creating %s with %s ..." % (venv.name, base), flush=True)
+        venv.mkdir(parents=True, exist_ok=True)
+        mark.write_text("set-up started %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
+        # (its output kept: a Ctrl-C makes `venv` print a traceback of its own, which says nothing useful)
+        r = subprocess.run([base, "-m", "venv", str(venv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True)
+        if r.returncode != 0:
+            last = [ln for ln in (r.stdout or "").splitlines() if ln.strip()][-1:]
+            die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)%s." % (
+                venv.name, ": " + last[0] if last else ""))
+    else:
+        mark.write_text("update started %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
+    return _fill_venv(venv, py, stamp, mark, want, wheels, pip_env)
 
 
 def _fill_venv(venv, py, stamp, mark, want, wheels, pip_env):
@@ -241,7 +282,12 @@ def _fill_venv(venv, py, stamp, mark, want, wheels, pip_env):
              "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
         ]
         for cmd in steps:
-            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT), env=pip_env)
+            try:
+                r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT), env=pip_env,
+                                   timeout=PIP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                die("pip did not finish within %d minutes (a stalled download?): see %s/pip-install.log, then run "
+                    "the same command again (set-up starts over)." % (PIP_TIMEOUT // 60, venv.name))
             if r.returncode != 0:
                 fh.flush()
                 die(_explain_pip_failure(log.read_text(errors="replace"), wheels))

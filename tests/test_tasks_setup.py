@@ -253,3 +253,36 @@ def test_an_update_of_a_complete_venv_is_made_in_place(scratch, capsys):
     assert not any(cmd[1:3] == ["-m", "venv"] for cmd in scratch)
     assert "incomplete" not in capsys.readouterr().out
     assert (tasks.VENV / ".course-stamp").read_text().strip() == tasks.stamp_value()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name != "posix", reason="locks a file with fcntl")
+def test_two_setups_at_once_do_not_undo_each_other(tiny_course):
+    """`make lab` typed in two terminals before .venv exists: the second waits for the first (and says
+    so) instead of taking the first one's venv, half-made, for an interrupted one and removing it."""
+    setup, venv = tiny_course
+    first = setup(slowly=True)
+    log = venv / "pip-install.log"
+    end = time.monotonic() + 240
+    while not log.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    second = setup()
+    (code1, out1), (code2, out2) = _finish(first), _finish(second)
+    assert (code1, code2) == (0, 0), out1 + out2
+    assert "waiting" in out2 and "incomplete" not in out2, out2
+    assert _complete(venv)
+
+
+def test_a_full_disk_during_setup_says_so(tmp_path):
+    log = "Installing collected packages: torch\nERROR: Could not install packages due to an OSError: " \
+          "[Errno 28] No space left on device\n"
+    msg = tasks._explain_pip_failure(log)
+    assert "no space left" in msg.lower() and "GB" in msg and "again" in msg
+
+
+def test_a_link_to_a_missing_venv_is_named(scratch, tmp_path, capsys):
+    tasks.VENV.symlink_to(tmp_path / "gone")
+    with pytest.raises(SystemExit):
+        tasks.ensure_venv()
+    err = capsys.readouterr().err
+    assert "link" in err and "gone" in err
