@@ -245,3 +245,44 @@ def test_settings_that_are_fine_are_ok(monkeypatch):
     monkeypatch.setenv("COURSE_LANG", "fr")  # not fatal: the course speaks English
     check = doctor.check_settings()
     assert check.status == "WARN" and "COURSE_LANG=fr" in check.detail
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="looks for leftovers in /proc")
+def test_ctrl_c_during_the_workshop_checks_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C while the 2-rank launch runs: no traceback, exit 130, and no process of the launch left."""
+    import os
+    import signal
+    import uuid
+
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils", "doctor", "--workshop"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "LAUNCH_TEST_TAG": tag})
+    try:
+        for line in proc.stdout:  # the distributed item starts after the dataloader line
+            if line.split()[1:2] == ["dataloader"]:
+                break
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and "interrupted" in err, err
+    end = time.monotonic() + 15
+    marker = f"LAUNCH_TEST_TAG={tag}".encode()
+
+    def left():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if marker in fh.read():
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    while left() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert left() == []
