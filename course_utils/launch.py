@@ -1074,8 +1074,12 @@ def torchrun(
     except _StartTimeout:
         rc, elapsed, out, err = None, time.monotonic() - t0, [""] * nproc, [""] * nproc
     else:
-        title = _title(command, backend, job.name)
-        display = (_Notebook(title) if _in_notebook() else _Terminal(title)) if show else _Quiet()
+        try:  # (an interrupt before the supervision starts stops the job too)
+            title = _title(command, backend, job.name)
+            display = (_Notebook(title) if _in_notebook() else _Terminal(title)) if show else _Quiet()
+        except BaseException:
+            job.stop()
+            raise
         rc, elapsed, logs = _supervise(job, display, deadline, t0)
         out, err = [o.text() for o, _ in logs.last()], [e.text() for _, e in logs.last()]
     info = {"log_dir": str(log_dir), "logs": out, "stderr": err, "elapsed": elapsed}
