@@ -620,3 +620,10 @@ def test_check_never_raises_even_for_objects_that_cannot_be_shown():
     r = _fn_ex().check(lambda x: NoRepr())
     assert r.status == "incorrect" and "NoRepr" in r.message
     assert _ex().check(NoRepr()).status == "incorrect"
+
+
+def test_a_hint_number_that_is_not_one_is_answered_not_raised():
+    """q1.hint("1") or q1.hint(1.0) once raised a TypeError; a number out of range is answered the same way."""
+    for bad in ("1", 1.0, 0, 5, True):
+        assert "Ask for hint 1 to 1." in repr(_fn_ex().hint(bad)), bad
+    assert "hint 1/1" in repr(_fn_ex().hint(1))

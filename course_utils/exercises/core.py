@@ -596,7 +596,7 @@ class Exercise:
         n = len(self.hints)
         if number is None:
             self._hints_shown = number = min(self._hints_shown + 1, n)
-        if not 1 <= number <= n:
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= n:  # hint("2"), hint(0)
             return _Text(tr(f"{self.name}: there are {n} hints", f"{_title(self.name)}：共有 {n} 条提示"),
                          tr(f"Ask for hint 1 to {n}.", f"请查看第 1 到第 {n} 条提示。"))
         return _Text(tr(f"{self.name} · hint {number}/{n}", f"{_title(self.name)} · 提示 {number}/{n}"),
