@@ -183,8 +183,9 @@ def ensure_venv(quiet=False, venv=None, base=None, wheels=None, pip_env=None):
 
     Any interruption is recovered from: a mark file sits in the venv from the moment set-up starts
     filling it until its stamp is written, so the next run finds a venv that an interrupted set-up
-    left (the mark, or a Python without pip), says so, and makes it again from scratch. A complete
-    venv whose requirements changed is updated in place."""
+    left (the mark, or a Python without pip), says so, and makes it again from scratch; once pip has
+    installed everything, the mark says so, and only the last steps are done again. A complete venv
+    whose requirements changed is updated in place. One set-up of a venv at a time (a lock)."""
     venv = venv or VENV
     py = venv_python(venv)
     stamp = venv / ".course-stamp"
@@ -233,8 +234,13 @@ def _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env):
     """ensure_venv's work, under the set-up lock: the venv made again when an interrupted set-up left it."""
     if py.exists() and stamp.exists() and stamp.read_text().strip() == want and not mark.exists():
         return py  # made meanwhile, by the set-up this one waited for
+    installed = mark.exists() and mark.read_text().split() == ["installed", want]
     if venv.exists() or venv.is_symlink():
         why = None
+        if installed:  # interrupted after pip had installed everything: only the last steps are left
+            print("%s: finishing a set-up that was interrupted after its packages were installed ..." % venv.name,
+                  flush=True)
+            return _finish_venv(venv, py, stamp, mark, want, time.time())
         if mark.exists():
             why = "its set-up was interrupted"
         elif not (py.exists() and _has_pip(py)):
@@ -291,6 +297,13 @@ def _fill_venv(venv, py, stamp, mark, want, wheels, pip_env):
             if r.returncode != 0:
                 fh.flush()
                 die(_explain_pip_failure(log.read_text(errors="replace"), wheels))
+    mark.write_text("installed %s\n" % want)  # interrupted from here on, the packages need not be made again
+    return _finish_venv(venv, py, stamp, mark, want, t0)
+
+
+def _finish_venv(venv, py, stamp, mark, want, t0):
+    """The last steps of set-up, once the packages are installed: the font cache, the lab's settings, the
+    stamp (and the mark goes)."""
     _build_font_cache(py, venv)
     _write_lab_overrides(venv)
     tmp = stamp.with_name(stamp.name + ".tmp")

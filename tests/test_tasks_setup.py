@@ -286,3 +286,22 @@ def test_a_link_to_a_missing_venv_is_named(scratch, tmp_path, capsys):
         tasks.ensure_venv()
     err = capsys.readouterr().err
     assert "link" in err and "gone" in err
+
+
+def test_interrupted_after_the_packages_only_the_last_steps_are_done_again(scratch, monkeypatch, capsys):
+    """Ctrl-C while the font cache is built (after pip has installed everything): the next run does not
+    install the packages again (minutes for PyTorch), it finishes."""
+    def interrupted(py, venv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tasks, "_build_font_cache", interrupted)
+    with pytest.raises(SystemExit) as info:
+        tasks.ensure_venv()
+    assert info.value.code == 130 and "Set-up interrupted" in capsys.readouterr().err
+    monkeypatch.setattr(tasks, "_build_font_cache", lambda py, venv: None)
+    scratch.clear()
+    tasks.ensure_venv()
+    assert not any(cmd[1:3] in (["-m", "venv"], ["-m", "pip"]) for cmd in scratch), scratch
+    assert "finishing a set-up" in capsys.readouterr().out
+    assert (tasks.VENV / ".course-stamp").read_text().strip() == tasks.stamp_value()
+    assert not (tasks.VENV / tasks.SETUP_MARK).exists()
