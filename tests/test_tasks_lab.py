@@ -129,3 +129,24 @@ def test_ctrl_z_stops_the_whole_job_and_fg_resumes_it(tmp_path):
     finally:
         shell.sendline("exit")
         shell.close(force=True)
+
+
+def test_ctrl_c_on_the_tests_reaches_pytest_alone(tmp_path):
+    """`python tasks.py test` (what `make test` runs): Ctrl-C goes to pytest, which stops and prints its
+    summary as it does when run by hand; the wrapper neither kills it mid-way nor prints a traceback."""
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\ndef test_waits():\n    time.sleep(120)\n")
+    run = pexpect.spawn("python3", ["tasks.py", "test", str(slow)], cwd=str(ROOT), encoding="utf-8", timeout=180,
+                        env={**os.environ, "COURSE_PROGRESS": "0"}, dimensions=(40, 200))
+    try:
+        run.expect(r"\[1 item\]", timeout=180)
+        time.sleep(2)
+        run.sendintr()
+        run.expect(pexpect.EOF, timeout=120)
+    finally:
+        output = run.before if isinstance(run.before, str) else ""
+        run.close(force=True)
+    output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # (pytest's colours)
+    assert "KeyboardInterrupt" in output and "no tests ran in" in output, output  # pytest's own summary
+    assert "Traceback" not in output and "tasks.py" not in output, output
+    assert run.exitstatus == 2, (run.exitstatus, run.signalstatus)
