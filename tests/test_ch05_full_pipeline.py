@@ -603,3 +603,12 @@ def test_two_runs_in_one_folder_at_once_are_refused(world_of_one, tmp_path, caps
     assert err.count("error: ") == 1 and "another run is using" in err and str(holder.pid) in err
     assert "--out-dir" in err and not (out / "last.pt").exists()
     assert world_of_one("--out-dir", out, "--stop-after-epoch", 1) == 0  # free again once it is gone
+
+
+def test_an_out_dir_that_is_a_file_is_refused_in_one_line(world_of_one, tmp_path, capsys):
+    not_a_folder = tmp_path / "runs"
+    not_a_folder.write_text("a file")
+    assert world_of_one("--out-dir", not_a_folder) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1 and "cannot be used for this run" in err and "--out-dir" in err
+    assert "Traceback" not in err
