@@ -242,8 +242,9 @@ def test_settings_that_are_fine_are_ok(monkeypatch):
     monkeypatch.setenv("COURSE_LAUNCHER", "torchrun")
     check = doctor.check_settings()
     assert check.status == "OK" and "COURSE_DEVICE=cpu" in check.detail and "COURSE_LAUNCHER=torchrun" in check.detail
-    monkeypatch.setenv("COURSE_LANG", "fr")  # not fatal: the course speaks English
-    check = doctor.check_settings()
+    monkeypatch.setenv("COURSE_LANG", "fr")  # not fatal: the course speaks English (and warns so)
+    with pytest.warns(UserWarning, match="COURSE_LANG='fr' is not a language of the course"):
+        check = doctor.check_settings()
     assert check.status == "WARN" and "COURSE_LANG=fr" in check.detail
 
 
