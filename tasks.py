@@ -29,10 +29,12 @@ with no package index: the offline install for a workshop room (README).
 Works with any Python 3 to print a clear message; the course itself needs 3.11+.
 """
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +48,8 @@ REQUIREMENTS = ROOT / "requirements.txt"
 SANITIZE = ROOT / "nbval_sanitize.cfg"
 WHEELHOUSE = ROOT / "wheelhouse"
 MIN_PY = (3, 11)
+PIP_TIMEOUT = 3600  # seconds for one pip step: PyTorch on a slow connection takes long, a stalled one forever
+SETUP_MARK = ".course-setup-incomplete"  # in a venv while set-up fills it: still there means interrupted
 KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is slow, not dead
 CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
 
@@ -114,6 +118,10 @@ def pip_alone_env(base=None):
 
 
 def _explain_pip_failure(log_text, wheels=None):
+    if re.search(r"No space left on device|\[Errno 28\]", log_text):
+        return ("there is no space left on the disk (pip: \"No space left on device\"). The course's packages "
+                "need about 6 GB (PyTorch is large): free some space, then run the same command again (set-up "
+                "starts over).")
     if wheels is not None:
         missing = re.search(r"No matching distribution found for (\S+)", log_text)
         if missing or re.search(r"Could not find a version", log_text):
@@ -141,25 +149,131 @@ def _explain_pip_failure(log_text, wheels=None):
     return "installing the pinned packages failed: " + " | ".join(last)
 
 
+def _has_pip(py):
+    """Whether the venv's Python runs and can import pip."""
+    try:
+        r = subprocess.run([str(py), "-c", "import pip"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def _remove_venv(venv):
+    """Delete a half-made venv (the folder a link points to stays, emptied), but never a folder that is not
+    one: no pyvenv.cfg and no set-up mark in it."""
+    target = venv.resolve() if venv.is_symlink() else venv
+    if not target.is_dir():
+        return
+    if not ((target / "pyvenv.cfg").exists() or (target / SETUP_MARK).exists() or not any(target.iterdir())):
+        die("%s is not a Python venv (no pyvenv.cfg in it), so it is left as it is: move it away (or delete it), "
+            "then run this again." % shown_path(venv))
+    try:
+        shutil.rmtree(str(target))
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        die("could not remove the incomplete %s (%s): delete it by hand, then run this again." % (venv.name, exc))
+
+
+def _interrupted(venv):
+    """Ctrl-C during set-up: one line, not a traceback (the next run makes the venv again)."""
+    sys.stderr.write("\nSet-up interrupted: %s is incomplete. The next `make setup` (or `make lab`, `make test`; "
+                     "`python tasks.py setup`) makes it again.\n" % venv.name)
+    sys.exit(130)
+
+
 def ensure_venv(quiet=False, venv=None, base=None, wheels=None, pip_env=None):
     """Create a venv (.venv unless `venv` is given, with the Python `base`) and install
     requirements + course_utils into it, unless its stamp says it is current. The packages come from
     the folder `wheels` alone (for .venv, by default: the wheelhouse, when there is one), else from
-    the index; `pip_env`: the environment pip runs in (default: this one)."""
+    the index; `pip_env`: the environment pip runs in (default: this one).
+
+    Any interruption is recovered from: a mark file sits in the venv from the moment set-up starts
+    filling it until its stamp is written, so the next run finds a venv that an interrupted set-up
+    left (the mark, or a Python without pip), says so, and makes it again from scratch; once pip has
+    installed everything, the mark says so, and only the last steps are done again. A complete venv
+    whose requirements changed is updated in place. One set-up of a venv at a time (a lock)."""
     venv = venv or VENV
     py = venv_python(venv)
     stamp = venv / ".course-stamp"
+    mark = venv / SETUP_MARK
     want = stamp_value()
-    if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want and not mark.exists():
         _build_font_cache(py, venv)
         _write_lab_overrides(venv)
         return py
     base = base or find_base_python()
+    if venv.is_symlink() and not venv.exists():
+        die("%s is a link to %s, which does not exist: create that folder (or remove the link), then run this "
+            "again." % (shown_path(venv), os.readlink(str(venv))))
+    try:
+        with _setup_lock(venv):
+            return _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env)
+    except KeyboardInterrupt:
+        _interrupted(venv)
+
+
+@contextlib.contextmanager
+def _setup_lock(venv):
+    """One set-up of `venv` at a time (`make lab` typed in two terminals): a second one waits, and says so.
+    A lock file beside the venv, released however the process ends; none where files cannot be locked."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    fd = os.open(str(venv.parent / (".%s.setup-lock" % venv.name)), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("Another set-up of %s is running (in another terminal?): waiting for it to finish ..." % venv.name,
+                  flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a filesystem without locks
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env):
+    """ensure_venv's work, under the set-up lock: the venv made again when an interrupted set-up left it."""
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want and not mark.exists():
+        return py  # made meanwhile, by the set-up this one waited for
+    installed = mark.exists() and mark.read_text().split() == ["installed", want]
+    if venv.exists() or venv.is_symlink():
+        why = None
+        if installed:  # interrupted after pip had installed everything: only the last steps are left
+            print("%s: finishing a set-up that was interrupted after its packages were installed ..." % venv.name,
+                  flush=True)
+            return _finish_venv(venv, py, stamp, mark, want, time.time())
+        if mark.exists():
+            why = "its set-up was interrupted"
+        elif not (py.exists() and _has_pip(py)):
+            why = "it has no working Python with pip: a set-up interrupted in its first seconds?"
+        if why:
+            print("%s was left incomplete (%s): making it again from scratch ..." % (venv.name, why),
+                  flush=True)
+            _remove_venv(venv)
     if not py.exists():
         print("Creating %s with %s ..." % (venv.name, base), flush=True)
-        r = subprocess.run([base, "-m", "venv", str(venv)])
+        venv.mkdir(parents=True, exist_ok=True)
+        mark.write_text("set-up started %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
+        # (its output kept: a Ctrl-C makes `venv` print a traceback of its own, which says nothing useful)
+        r = subprocess.run([base, "-m", "venv", str(venv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True)
         if r.returncode != 0:
-            die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)." % venv.name)
+            last = [ln for ln in (r.stdout or "").splitlines() if ln.strip()][-1:]
+            die("could not create %s (on Debian/Ubuntu: apt-get install python3-venv)%s." % (
+                venv.name, ": " + last[0] if last else ""))
+    else:
+        mark.write_text("update started %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
+    return _fill_venv(venv, py, stamp, mark, want, wheels, pip_env)
+
+
+def _fill_venv(venv, py, stamp, mark, want, wheels, pip_env):
+    """ensure_venv's second half: the packages, the font cache, the lab's settings, then the stamp."""
     log = venv / "pip-install.log"
     if wheels is None and venv == VENV:  # the README's .venv only: a wheelhouse is for one Python
         wheels = find_wheelhouse()
@@ -181,13 +295,28 @@ def ensure_venv(quiet=False, venv=None, base=None, wheels=None, pip_env=None):
              "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
         ]
         for cmd in steps:
-            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT), env=pip_env)
+            try:
+                r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT), env=pip_env,
+                                   timeout=PIP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                die("pip did not finish within %d minutes (a stalled download?): see %s/pip-install.log, then run "
+                    "the same command again (set-up starts over)." % (PIP_TIMEOUT // 60, venv.name))
             if r.returncode != 0:
                 fh.flush()
                 die(_explain_pip_failure(log.read_text(errors="replace"), wheels))
+    mark.write_text("installed %s\n" % want)  # interrupted from here on, the packages need not be made again
+    return _finish_venv(venv, py, stamp, mark, want, t0)
+
+
+def _finish_venv(venv, py, stamp, mark, want, t0):
+    """The last steps of set-up, once the packages are installed: the font cache, the lab's settings, the
+    stamp (and the mark goes)."""
     _build_font_cache(py, venv)
     _write_lab_overrides(venv)
-    stamp.write_text(want + "\n")
+    tmp = stamp.with_name(stamp.name + ".tmp")
+    tmp.write_text(want + "\n")
+    os.replace(str(tmp), str(stamp))  # the stamp first, then the mark goes: never neither
+    mark.unlink()
     print("Environment ready in %.0f s." % (time.time() - t0), flush=True)
     return py
 
@@ -232,10 +361,82 @@ def _write_lab_overrides(venv):
         path.write_text(json.dumps(merged, indent=2) + "\n")
 
 
+def _terminal():
+    """The file descriptor of the terminal this process runs in the foreground of (its stdin), or None: no
+    terminal, in the background (`make lab &`), or not POSIX."""
+    if os.name != "posix":
+        return None
+    try:
+        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
+    except OSError:
+        return None
+
+
+def _give_terminal(fd, pgrp):
+    """Make process group `pgrp` the terminal's foreground group (from the background too: SIGTTOU ignored)."""
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgrp)
+    except OSError:  # (the group is gone already)
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _exit_code(status):
+    """A wait status as an exit code; a signal N as 128 + N, as shells report it."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def run_foreground(args, **kw):
+    """Run the command `args` (Popen's keywords) as a shell runs one, and return its exit code.
+
+    When this process owns the terminal, the command gets a process group of its own and the terminal
+    with it: Ctrl-C and Ctrl-Z reach the command alone, not this wrapper nor `make` above it. (GNU
+    make, given Ctrl-C, waits for its command and then reports "Interrupt" and fails, even when the
+    command chose to go on, as JupyterLab does: "Shut down this Jupyter server (y/[n])?".) Ctrl-Z stops
+    the whole job (`fg` resumes it); SIGINT, SIGTERM or SIGHUP sent to this process go on to the
+    command. Without a terminal (or off POSIX), the command shares this process group, which gets any
+    Ctrl-C itself: this process ignores Ctrl-C while it waits."""
+    tty = _terminal()
+    if tty is None:
+        proc = subprocess.Popen(args, **kw)
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return proc.wait()
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def own_group_and_terminal():  # in the child, before it runs the command
+        os.setpgid(0, 0)
+        _give_terminal(tty, os.getpgrp())
+
+    proc = subprocess.Popen(args, preexec_fn=own_group_and_terminal, **kw)
+    _give_terminal(tty, proc.pid)  # (as shells do: in both, whichever comes first)
+    forward = {sig: signal.signal(sig, lambda signum, frame: os.killpg(proc.pid, signum))
+               for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            _, status = os.waitpid(proc.pid, os.WUNTRACED)
+            if not os.WIFSTOPPED(status):
+                proc.returncode = _exit_code(status)
+                return proc.returncode
+            _give_terminal(tty, os.getpgrp())  # Ctrl-Z: the whole job stops, as in a shell ...
+            os.killpg(os.getpgrp(), signal.SIGTSTP)
+            _give_terminal(tty, proc.pid)  # ... and `fg` goes on here
+            os.killpg(proc.pid, signal.SIGCONT)
+    finally:
+        for sig, old in forward.items():
+            signal.signal(sig, old)
+        _give_terminal(tty, os.getpgrp())
+
+
 def in_venv(args, **kw):
     py = ensure_venv()
     kw["env"] = venv_env(base=kw.get("env"))
-    return subprocess.call([str(py)] + list(args), cwd=str(ROOT), **kw)
+    return run_foreground([str(py)] + list(args), cwd=str(ROOT), **kw)
 
 
 def cmd_setup(argv):
@@ -268,7 +469,39 @@ def cmd_lab(argv, notebooks=NOTEBOOKS):
     args += list(argv)
     env = venv_env()
     env["COURSE_PROGRESS"] = os.environ.get("COURSE_PROGRESS", "").strip() or "1"  # record checks; an explicit 0 wins
-    return subprocess.call(args, cwd=str(ROOT), env=env)
+    port = _lab_port(argv)
+    if port is not None and not _port_free(port):
+        print("Note: port %d is taken (a JupyterLab still running? `jupyter server list` shows them), so this lab "
+              "listens on another port: open the address it prints below." % port, flush=True)
+    return run_foreground(args, cwd=str(ROOT), env=env)
+
+
+def _lab_port(argv):
+    """The port the lab will ask for: --port / --ServerApp.port in `argv`, else $JUPYTER_PORT, else Jupyter's
+    8888 (None: named some other way that we cannot read)."""
+    for i, a in enumerate(argv):
+        for flag in ("--port", "--ServerApp.port"):
+            if a == flag and i + 1 < len(argv):
+                a = flag + "=" + argv[i + 1]
+            if a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+                return int(value) if value.isdigit() else None
+    value = os.environ.get("JUPYTER_PORT", "").strip()
+    if value:
+        return int(value) if value.isdigit() else None
+    return 8888
+
+
+def _port_free(port):
+    """Whether 127.0.0.1:`port` can be listened on now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def nbval_args(mode="--nbval"):
@@ -1022,7 +1255,11 @@ def main(argv):
     if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 0 if not argv else 2
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except KeyboardInterrupt:  # Ctrl-C between two steps: one line, not a traceback
+        sys.stderr.write("\ninterrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

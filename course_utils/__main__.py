@@ -20,8 +20,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:8s} {text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        return int(module.main(argv[1:]) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (what a command started, it stopped)
+        from .i18n import tr
+
+        print(tr("\ninterrupted", "\n已中断"), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Chapter 05: the pieces of the training script ``notebooks/scripts/train.py`` that the notebook
-shows on their own: its configuration, the data splits, atomic checkpoints and exact resume."""
+shows on their own: its configuration, the data splits, atomic checkpoints and exact resume, and its
+output folder (one run at a time, an earlier run kept aside, what a crash leaves cleaned up)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class TrainConfig:
     num_workers: int = _opt(0, "DataLoader worker processes per rank (0: the main process)")
     eval_batch_size: int = _opt(256, "batch size for evaluation")
     out_dir: str = _opt("runs/train", "folder of last.pt, metrics.jsonl, final.pt, summary.json")
-    resume: bool = _opt(True, "resume from OUT_DIR/last.pt when it exists")
+    resume: bool = _opt(True, "resume from OUT_DIR/last.pt when it exists (--no-resume: start afresh, "
+                        "the earlier run's files kept in OUT_DIR/previous-N/)")
     bf16: bool = _opt(False, "bf16 autocast (mixed precision; for GPUs)")
     compile: bool = _opt(False, "torch.compile the model (for GPUs; the first compile is slow)")
     progress: bool = _opt(True, "tqdm progress bar on rank 0 (only in a terminal)")
@@ -149,12 +151,41 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be used (damaged, or made with another configuration)."""
 
 
+def _process_gone(pid: int) -> bool:
+    """True if no process `pid` runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (it exists, and is not ours)
+        return False
+    return False
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` (itself, or what it was raised from or while handling), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` that never leaves a half-written file at ``path``: write a temporary file in
     the same folder, ``fsync`` it, then ``os.replace`` it over ``path`` (atomic on one file system:
-    a reader sees the old file or the new one). A crash before the rename leaves the old file."""
+    a reader sees the old file or the new one). A crash before the rename leaves the old file, and
+    the temporary files of processes killed while saving (``.NAME.tmp-PID``) are removed by the next
+    save. A failed write (a full disk) raises one ``OSError`` that says so."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob(f".{path.name}.tmp-*"):  # what a killed save left (SIGKILL, power cut)
+        pid = old.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and _process_gone(int(pid)):
+            with contextlib.suppress(OSError):
+                old.unlink()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -162,9 +193,15 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise
+        cause = _os_error(exc) if isinstance(exc, Exception) else None
+        if cause is None:
+            raise
+        kept = tr(f"the previous {path.name} is unchanged", f"原来的 {path.name} 保持不变") if path.exists() else ""
+        raise OSError(cause.errno, tr(f"could not write {path.name} in {path.parent}: {cause.strerror or cause}",
+                                      f"无法在 {path.parent} 中写入 {path.name}：{cause.strerror or cause}")
+                      + (tr(f"; {kept}", f"；{kept}") if kept else "")) from None
     if hasattr(os, "O_DIRECTORY"):  # POSIX: fsync the folder too, so the rename itself is durable
         fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -235,7 +272,8 @@ def load_checkpoint(
             f"the checkpoint {path.name} cannot be read ({type(exc).__name__}) in {path.parent}: "
             "it is truncated (a run that crashed while saving without atomic_save) or not a "
             "checkpoint at all. Move it away (or delete it) to start again from scratch, or start "
-            "a fresh run with --no-resume or another --out-dir. Do not load it with "
+            "a fresh run with --no-resume (the earlier run's files are kept in previous-N/) or another "
+            "--out-dir. Do not load it with "
             "weights_only=False: a file that is not what you expect can run code when unpickled."
         ) from None
     if config is not None:
@@ -248,7 +286,8 @@ def load_checkpoint(
         if diff:
             raise CheckpointError(
                 f"the checkpoint {path.name} was made with another configuration ({'; '.join(diff)}). "
-                "Resume with the same settings, or start a fresh run with --no-resume or another --out-dir."
+                "Resume with the same settings, or start a fresh run with --no-resume (the earlier run's "
+                "files are kept in previous-N/) or another --out-dir."
             )
     return ckpt
 
@@ -258,10 +297,101 @@ def max_abs_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a metrics file, one JSON object per line (none when there is no file)."""
+def read_metrics(path: str | os.PathLike, torn: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of a metrics file, one JSON object per line (none when there is no file). A last line
+    cut short (no newline at its end, not JSON: what a crash while appending leaves) is dropped, and
+    appended to `torn` when given; any other line that is not a row raises ``CheckpointError`` saying
+    what to do, as a damaged checkpoint does."""
     path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    last = lines.pop()  # "" when the file ends with a newline
+    rows = []
+    for number, line in enumerate([*lines, last] if last else lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a row")
+        except ValueError:
+            if number == len(lines) + 1:  # the last line, without its newline: cut short by a crash
+                if torn is not None:
+                    torn.append(line)
+                break
+            raise CheckpointError(tr(
+                f"line {number} of {path.name} in {path.parent} is not a metrics row ({line[:40]!r}): the file "
+                "was damaged or edited. Move it away (or delete it) to resume without the earlier rows, or start "
+                "a fresh run with --no-resume (the earlier run's files are kept in previous-N/) or another --out-dir.",
+                f"{path.parent} 中 {path.name} 的第 {number} 行不是一行指标（{line[:40]!r}）：文件已损坏或被改动过。"
+                "把它移走（或删除），就能在没有之前各行的情况下恢复训练；也可以用 --no-resume 重新开始"
+                "（之前那次运行的文件会保留在 previous-N/ 中），或者换一个 --out-dir。")) from None
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------- the output folder
+
+#: The files of one run in its folder (``--out-dir``).
+RUN_FILES = ("last.pt", "metrics.jsonl", "summary.json", "final.pt")
+
+
+def set_aside(out: str | os.PathLike) -> Path | None:
+    """Move the files of an earlier run (RUN_FILES) out of the way, into ``out/previous-N/`` (the next
+    free N), before a fresh run starts there; returns that folder (None: there was nothing)."""
+    out = Path(out)
+    found = [out / name for name in RUN_FILES if (out / name).exists()]
+    if not found:
+        return None
+    n = 1 + max((int(d.name[9:]) for d in out.glob("previous-*") if d.name[9:].isdigit()), default=0)
+    keep = out / f"previous-{n}"
+    keep.mkdir()
+    for f in found:
+        os.replace(f, keep / f.name)
+    return keep
+
+
+class _Held:
+    """A lock on a run's folder, held until ``release()`` or the end of the process."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # (closing the file releases the lock)
+            self.fd = None
+
+
+def hold_out_dir(out: str | os.PathLike) -> _Held:
+    """Take the folder `out` for one run: ``CheckpointError`` (saying which process has it and what
+    to do) while another process holds it; released when this process ends, however it ends. Where
+    the filesystem cannot lock (some network filesystems, Windows), nothing is held."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return _Held(None)
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise CheckpointError(tr(
+            f"another run is using {out} right now (process {holder}): two runs in one folder would mix their "
+            "checkpoints and metrics. Wait for it to finish (or stop it), or give this run another --out-dir.",
+            f"另一次运行正在使用 {out}（进程 {holder}）：两次运行共用一个文件夹，会把各自的检查点和指标混在一起。"
+            "请等它结束（或停止它），或者给这次运行换一个 --out-dir。")) from None
+    except OSError:  # a filesystem without locks
+        os.close(fd)
+        return _Held(None)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return _Held(fd)
 
 
 # ------------------------------------------------------ a script beside the snippet it grew from

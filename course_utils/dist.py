@@ -37,15 +37,17 @@ def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
     return "gloo"
 
 
-def check_backend(backend: str, local_world_size: int) -> None:
-    """Refuse, with a clear reason, a backend that cannot work on this machine."""
+def check_backend(backend: str, local_world_size: int, setting: str | None = None) -> None:
+    """Refuse, with a clear reason, a backend that cannot work on this machine. `setting`: the
+    environment variable the backend came from (``COURSE_BACKEND``), named in the message."""
+    where = f" ({setting}={backend} is set in your environment: unset {setting} to let the course choose)" if setting else ""
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
+        raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}{where}")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and n < local_world_size:
         raise RuntimeError(
             f"nccl needs one GPU per rank: {local_world_size} rank(s) asked for, {n} GPU(s) here. "
-            "Use backend 'gloo' (it runs on the CPU) or fewer ranks."
+            f"Use backend 'gloo' (it runs on the CPU) or fewer ranks{where}."
         )
 
 
@@ -73,6 +75,7 @@ def setup(backend: str | None = None, timeout_s: float | None = None) -> DistCon
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    explicit = backend
     chosen = backend or os.environ.get("COURSE_BACKEND")
     backend = chosen or choose_backend(local_world)
     if not chosen and backend == "gloo" and world > local_world and torch.cuda.is_available():
@@ -87,7 +90,7 @@ def setup(backend: str | None = None, timeout_s: float | None = None) -> DistCon
             "LOCAL_RANK is not set, and the global rank cannot name a GPU of this node on a job of "
             f"{world} processes: start the ranks with torchrun, which sets LOCAL_RANK."
         )
-    check_backend(backend, local_world)
+    check_backend(backend, local_world, setting="COURSE_BACKEND" if chosen and not explicit else None)
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     kwargs = {"device_id": device} if backend == "nccl" else {}
     if backend == "nccl":

@@ -10,6 +10,7 @@ workshop chat: ``READY``, or ``NOT READY: <what to do>``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import platform
@@ -170,13 +171,63 @@ def check_data(root: Path | None = None) -> Check:
     return Check("data", "OK", tr(f"{n} images match the manifest", f"{n} 张图像与清单（manifest）一致"))
 
 
+# The course's settings: environment variables that every notebook (or every launch) reads.
+SETTINGS = ("COURSE_DEVICE", "COURSE_BACKEND", "COURSE_LAUNCHER", "COURSE_LANG")
+
+
+def _settings_set() -> dict[str, str]:
+    return {k: os.environ[k] for k in SETTINGS if os.environ.get(k, "").strip()}
+
+
+def setting_fix(error: str) -> str:
+    """What to do when `error` (an exception's text) names a course setting that is set in the
+    environment: unset or correct it; "" when it names none."""
+    for name, value in _settings_set().items():
+        if name in error:
+            return tr(f"{name}={value} is set in your environment and does not work here: unset {name} "
+                      f"(or correct it), {again()}",
+                      f"你的环境中设置了 {name}={value}，它在这台机器上行不通：请取消设置 {name}"
+                      f"（unset {name}，或改成正确的值），{again()}")
+    return ""
+
+
+def check_settings() -> Check:
+    """The course's settings (SETTINGS), tried as the notebooks use them: the device of every first
+    cell (``pick_device()``), the engine and backend of every launch (2 ranks). FAIL names the setting."""
+    found = _settings_set()
+    tries: list[Callable[[], object]] = []
+    with contextlib.suppress(ImportError):  # torch missing: the accelerator line says what to do
+        from .device import pick_device
+        from .dist import check_backend
+        from .launch import _choose_engine
+
+        tries = [pick_device, lambda: _choose_engine(None, 0)]
+        if "COURSE_BACKEND" in found:
+            tries.append(lambda: check_backend(os.environ["COURSE_BACKEND"], 2, setting="COURSE_BACKEND"))
+    for attempt in tries:
+        try:
+            attempt()
+        except Exception as exc:
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            fix = setting_fix(text)
+            return Check("settings", "FAIL", f"{text.rstrip('.')}: {fix}" if fix else text, fix)
+    shown = ", ".join(f"{k}={v}" for k, v in found.items())
+    lang = found.get("COURSE_LANG")
+    if lang is not None and lang.strip().lower().split(".")[0] not in ("en", "english", "zh", "zh-cn", "zh_cn", "chinese"):
+        return Check("settings", "WARN", tr(f"{shown}: COURSE_LANG={lang} is not a language of the course (en, zh); "
+                                            "the course speaks English", f"{shown}：COURSE_LANG={lang} 不是本课程的语言"
+                                            "（en、zh）；课程将使用英文"))
+    return Check("settings", "OK", shown or tr("none of " + ", ".join(SETTINGS) + " is set: the course chooses",
+                                              "未设置 " + "、".join(SETTINGS) + "：由课程自动选择"))
+
+
 def run_checks(pins: dict[str, str] | None = None) -> list[Check]:
     pins = read_pins() if pins is None else pins
     checks = [check_python()]
     for name in ("torch", "torchvision"):
         checks.append(check_package(name, pins.get(name)))
     checks.append(check_other_packages(pins))
-    checks += [check_cpu(), check_accelerator(), check_widgets(), check_graphviz()]
+    checks += [check_cpu(), check_accelerator(), check_settings(), check_widgets(), check_graphviz()]
     try:
         checks.append(check_data())
     except Exception as exc:  # e.g. Pillow missing
@@ -222,12 +273,15 @@ class Item:
 def _autograd(seconds: float) -> str:
     import torch
 
-    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    from .device import pick_device
+
+    device = pick_device()  # as every notebook's first cell, with the learner's COURSE_DEVICE
+    x = torch.tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
     (x**2).sum().backward()
     if not torch.allclose(x.grad, 2 * x.detach()):
         raise RuntimeError(tr(f"the gradient of sum(x**2) at {x.tolist()} came out as {x.grad.tolist()}",
                               f"sum(x**2) 在 {x.tolist()} 处的梯度算成了 {x.grad.tolist()}"))
-    return tr("a backward pass: d/dx sum(x**2) = 2x", "一次反向传播：d/dx sum(x**2) = 2x")
+    return tr(f"a backward pass on {device.type}: d/dx sum(x**2) = 2x", f"在 {device.type} 上的一次反向传播：d/dx sum(x**2) = 2x")
 
 
 def _module(seconds: float) -> str:
@@ -268,13 +322,13 @@ def _distributed(seconds: float) -> str:
     from . import ROOT
     from .launch import torchrun
 
-    result = torchrun("scripts/hello_dist.py", nproc=2, backend="gloo", show=False,
-                      timeout=seconds * 0.8, cwd=ROOT / "notebooks")
+    # as the notebooks launch: the learner's COURSE_BACKEND and COURSE_LAUNCHER, if set
+    result = torchrun("scripts/hello_dist.py", nproc=2, show=False, timeout=seconds * 0.8, cwd=ROOT / "notebooks")
     if "all_reduce sum of (rank + 1) = 3" not in result.logs[0]:
         raise RuntimeError(tr(f"rank 0 printed {result.logs[0]!r}, without its all_reduce",
                               f"rank 0 打印了 {result.logs[0]!r}，其中没有它的 all_reduce 结果"))
-    return tr(f"2 processes talked over gloo (scripts/hello_dist.py, {result.engine} engine)",
-              f"2 个进程通过 gloo 完成了通信（scripts/hello_dist.py，{result.engine} 引擎）")
+    return tr(f"2 processes talked over {result.backend} (scripts/hello_dist.py, {result.engine} engine)",
+              f"2 个进程通过 {result.backend} 完成了通信（scripts/hello_dist.py，{result.engine} 引擎）")
 
 
 def _ipywidgets(seconds: float) -> str:
@@ -331,7 +385,7 @@ def run_item(item: Item) -> Check:
     ok, text = outcome[0]
     if ok:
         return Check(item.name, "OK", tr(f"{text} ({took:.1f} s)", f"{text}（{took:.1f} 秒）"))
-    fix = item.fix()
+    fix = setting_fix(text) or item.fix()  # a wrong setting of the learner's, named, before generic advice
     return Check(item.name, "FAIL", tr(f"{text} ({took:.1f} s): {fix}", f"{text}（{took:.1f} 秒）：{fix}"), fix)
 
 

@@ -441,3 +441,174 @@ def test_two_nodes_with_node_local_disks_resume_as_one_run(tmp_path):
     finals = [finals[0] / "final.pt"]
     wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
     assert max_abs_diff(wa, torch.load(finals[0], weights_only=True)) == 0.0
+
+
+# ------------------------------------------------- the script under faults: crashes, damage, fresh starts
+
+class _Killed(BaseException):
+    """The process dies here (nothing of the script catches it, as nothing catches SIGKILL)."""
+
+
+def _rows(out):
+    return read_metrics(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("when", ["after the checkpoint's rename", "before the checkpoint"])
+def test_checkpoint_and_metrics_agree_after_a_crash_at_any_point(world_of_one, tmp_path, monkeypatch, when):
+    """A crash right after last.pt is renamed into place (or right before it is written) in epoch 2:
+    the same command again ends with one metrics row per epoch, as the uninterrupted run's."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    world_of_one("--out-dir", ref)
+    real = world_of_one.script.atomic_save
+
+    def dies_at_epoch_2(obj, path):
+        if isinstance(obj, dict) and obj.get("epoch") == 2:
+            if when == "after the checkpoint's rename":
+                real(obj, path)
+            raise _Killed
+        return real(obj, path)
+
+    monkeypatch.setattr(world_of_one.script, "atomic_save", dies_at_epoch_2)
+    with pytest.raises(_Killed):
+        world_of_one("--out-dir", out)
+    monkeypatch.setattr(world_of_one.script, "atomic_save", real)
+    saved = load_checkpoint(out / "last.pt")["epoch"]
+    assert saved == (2 if when == "after the checkpoint's rename" else 1)
+    assert [r["epoch"] for r in _rows(out)][:saved] == list(range(1, saved + 1))  # the checkpoint's rows are there
+    assert world_of_one("--out-dir", out) == 0  # the same command again
+    assert [r["epoch"] for r in _rows(out)] == [1, 2, 3]
+    assert [r["train_loss"] for r in _rows(out)] == [r["train_loss"] for r in _rows(ref)]
+
+
+def test_a_torn_last_metrics_line_is_what_a_crash_leaves(world_of_one, tmp_path, capsys):
+    """A crash while appending a row leaves a line cut short: resuming drops it, says so, and goes on."""
+    out = tmp_path / "run"
+    world_of_one("--out-dir", out, "--stop-after-epoch", 1)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 2, "train_loss": 0.4')  # cut short, no newline
+    capsys.readouterr()
+    assert world_of_one("--out-dir", out) == 0
+    assert [r["epoch"] for r in _rows(out)] == [1, 2, 3]
+    assert "cut short" in capsys.readouterr().out
+
+
+def test_a_damaged_metrics_file_is_refused_once_with_what_to_do(world_of_one, tmp_path, capsys):
+    """Damage that is not a torn last line (a row in the middle): refused like a damaged last.pt, by rank 0,
+    with what to do; no traceback."""
+    out = tmp_path / "run"
+    world_of_one("--out-dir", out, "--stop-after-epoch", 2)
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(["{not json", *rows[1:]]) + "\n")
+    capsys.readouterr()
+    assert world_of_one("--out-dir", out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1 and "line 1 of metrics.jsonl" in err and "Traceback" not in err
+    assert "--no-resume" in err
+
+
+def test_read_metrics_drops_only_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2}\n{"epo')
+    assert read_metrics(path) == [{"epoch": 1}, {"epoch": 2}]
+    path.write_text('{"epoch": 1}\n{"epo\n{"epoch": 3}\n')
+    with pytest.raises(CheckpointError, match="line 2 of metrics.jsonl"):
+        read_metrics(path)
+    path.write_text('{"epoch": 1}\n[1, 2]\n')  # valid JSON, not a row
+    with pytest.raises(CheckpointError, match="line 2 of metrics.jsonl"):
+        read_metrics(path)
+    assert read_metrics(tmp_path / "none.jsonl") == []
+
+
+def test_no_resume_keeps_the_earlier_run_aside(world_of_one, tmp_path, capsys):
+    """--no-resume (the refusal's own advice) starts a fresh run without destroying the earlier one: its
+    files move, untouched, to OUT_DIR/previous-1/, and the new run's files stand alone."""
+    out = tmp_path / "run"
+    world_of_one("--out-dir", out)
+    before = {name: (out / name).read_bytes() for name in ("last.pt", "metrics.jsonl", "summary.json", "final.pt")}
+    capsys.readouterr()
+    assert world_of_one("--out-dir", out, "--no-resume", "--stop-after-epoch", 1) == 0
+    kept = out / "previous-1"
+    assert {name: (kept / name).read_bytes() for name in before} == before
+    assert "previous-1" in capsys.readouterr().out
+    assert [r["epoch"] for r in _rows(out)] == [1]
+    assert not (out / "summary.json").exists() and not (out / "final.pt").exists()
+    # Once more: the next fresh start takes the next number.
+    assert world_of_one("--out-dir", out, "--no-resume", "--stop-after-epoch", 1) == 0
+    assert (out / "previous-2" / "last.pt").exists() and (out / "previous-1" / "final.pt").exists()
+
+
+def test_a_crash_while_saving_leaves_no_temporary_file_behind(tmp_path):
+    """A process killed while writing last.pt (SIGKILL: nothing cleans up) leaves .last.pt.tmp-PID; the
+    next save removes the ones of processes that are gone, and keeps a live one's."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = tmp_path / f".last.pt.tmp-{gone}"
+    stale.write_bytes(b"x" * 1000)
+    live = tmp_path / f".last.pt.tmp-{os.getppid()}"  # (a process that is alive: its write may be going on)
+    live.write_bytes(b"y")
+    atomic_save({"epoch": 1}, tmp_path / "last.pt")
+    assert not stale.exists() and live.exists()
+
+
+def test_a_full_disk_is_one_clear_error_and_the_checkpoint_is_kept(world_of_one, tmp_path, monkeypatch, capsys):
+    """No space left while saving epoch 2: one line saying what happened and what to do (no chain of
+    tracebacks), every rank stops, last.pt still holds epoch 1, and the same command resumes later."""
+    import errno
+
+    out = tmp_path / "run"
+    real = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        if isinstance(obj, dict) and obj.get("epoch") == 2:
+            f.write(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert world_of_one("--out-dir", out) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1 and "No space left on device" in err and "Traceback" not in err
+    assert "resume" in err
+    assert load_checkpoint(out / "last.pt")["epoch"] == 1
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["last.pt", "metrics.jsonl"]
+    assert not list(out.glob(".*.tmp*"))  # no temporary file left
+    monkeypatch.setattr(torch, "save", real)
+    assert world_of_one("--out-dir", out) == 0
+    assert [r["epoch"] for r in _rows(out)] == [1, 2, 3]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="holds the folder from another process")
+def test_two_runs_in_one_folder_at_once_are_refused(world_of_one, tmp_path, capsys):
+    """A second run started in a folder that a run is still using (two terminals, a cell run twice) would
+    interleave both runs' checkpoints and rows: refused with what to do."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from course_utils.ch05_full_pipeline import hold_out_dir; "
+         "lock = hold_out_dir(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert world_of_one("--out-dir", out) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1 and "another run is using" in err and str(holder.pid) in err
+    assert "--out-dir" in err and not (out / "last.pt").exists()
+    assert world_of_one("--out-dir", out, "--stop-after-epoch", 1) == 0  # free again once it is gone
+
+
+def test_an_out_dir_that_is_a_file_is_refused_in_one_line(world_of_one, tmp_path, capsys):
+    not_a_folder = tmp_path / "runs"
+    not_a_folder.write_text("a file")
+    assert world_of_one("--out-dir", not_a_folder) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1 and "cannot be used for this run" in err and "--out-dir" in err
+    assert "Traceback" not in err

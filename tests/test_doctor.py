@@ -197,3 +197,93 @@ def test_the_terminal_takes_the_language_from_course_lang():
     cpu = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["cpu"])
     assert cpu.split()[0] in ("OK", "WARN") and "个核心" in cpu
     assert "项检查：" in proc.stdout and "0 FAIL" in proc.stdout
+
+
+# --- the learner's own settings: the checks run with them, and a wrong one is named -----------------
+
+BAD_SETTINGS = [
+    ("COURSE_DEVICE", "cuda"),  # every notebook's first cell raises in pick_device() on a CPU machine
+    ("COURSE_DEVICE", "tpu"),
+    ("COURSE_BACKEND", "nccl"),  # every launch refuses: nccl needs a GPU per rank
+    ("COURSE_BACKEND", "mpi"),
+    ("COURSE_LAUNCHER", "warmm"),  # a typo: every launch raises ValueError
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS, ids=[f"{n}={v}" for n, v in BAD_SETTINGS])
+def test_workshop_with_a_wrong_setting_is_not_ready_and_names_it(name, value, monkeypatch, capsys):
+    import torch
+
+    if name == "COURSE_DEVICE" and value == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU: COURSE_DEVICE=cuda is right here")
+    if name == "COURSE_BACKEND" and value == "nccl" and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU per rank: nccl works here")
+    for other in ("COURSE_DEVICE", "COURSE_BACKEND", "COURSE_LAUNCHER"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, value)
+    assert doctor.main(["--workshop"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    verdict = lines[-1]
+    assert verdict.startswith("NOT READY: ") and f"{name}={value}" in verdict, verdict
+    assert "firewall" not in verdict and "make setup" not in verdict, verdict
+    assert f"unset {name}" in verdict and verdict.endswith(doctor.again()), verdict
+    # The environment part names it too, on its own line.
+    (line,) = [ln for ln in lines if ln.split()[1:2] == ["settings"]]
+    assert line.startswith("FAIL") and f"{name}={value}" in line
+
+
+def test_settings_that_are_fine_are_ok(monkeypatch):
+    for other in ("COURSE_DEVICE", "COURSE_BACKEND", "COURSE_LAUNCHER", "COURSE_LANG"):
+        monkeypatch.delenv(other, raising=False)
+    assert doctor.check_settings().status == "OK"
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setenv("COURSE_BACKEND", "gloo")
+    monkeypatch.setenv("COURSE_LAUNCHER", "torchrun")
+    check = doctor.check_settings()
+    assert check.status == "OK" and "COURSE_DEVICE=cpu" in check.detail and "COURSE_LAUNCHER=torchrun" in check.detail
+    monkeypatch.setenv("COURSE_LANG", "fr")  # not fatal: the course speaks English (and warns so)
+    with pytest.warns(UserWarning, match="COURSE_LANG='fr' is not a language of the course"):
+        check = doctor.check_settings()
+    assert check.status == "WARN" and "COURSE_LANG=fr" in check.detail
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="looks for leftovers in /proc")
+def test_ctrl_c_during_the_workshop_checks_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C while the 2-rank launch runs: no traceback, exit 130, and no process of the launch left."""
+    import os
+    import signal
+    import uuid
+
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils", "doctor", "--workshop"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "LAUNCH_TEST_TAG": tag})
+    try:
+        for line in proc.stdout:  # the distributed item starts after the dataloader line
+            if line.split()[1:2] == ["dataloader"]:
+                break
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and "interrupted" in err, err
+    end = time.monotonic() + 15
+    marker = f"LAUNCH_TEST_TAG={tag}".encode()
+
+    def left():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if marker in fh.read():
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    while left() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert left() == []

@@ -4,6 +4,7 @@ mistake gets its own reason. Plus the exercise core: bounds, forms, messages, no
 (`test_exercise_simulation.py` tries many more answers.)"""
 
 import ast
+import contextlib
 import importlib
 import itertools
 import json
@@ -514,3 +515,115 @@ def test_in_chinese_the_model_answer_passes_and_each_mistake_still_gets_its_reas
     assert ex.check(ex.reference()).status == "correct"
     for name, answer in ex.mistakes.items():
         assert ex.check(answer).message == ex.reasons[name]
+
+
+# ----------------------------------------------------- verdicts that tell the truth, whatever the code does
+
+
+def test_a_notimplementederror_from_torch_is_an_error_not_a_stub():
+    """Only the learner's own `raise NotImplementedError` (the stub) is "not attempted": torch raises it for
+    a misspelled `forward` or `backward`, and the learner must hear about that."""
+    from course_utils.exercises import ch02
+
+    class Misspelled(torch.nn.Module):  # `foward`: nn.Module's own forward raises NotImplementedError
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(784, 64), torch.nn.Linear(64, 64),
+                                               torch.nn.Linear(64, 10)])
+
+        def foward(self, x):
+            return self.layers[-1](x)
+
+    r = ch02.q1.check(Misspelled)
+    assert r.status == "incorrect" and "forward" in r.message and "NotImplementedError" in r.message, r
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * x
+
+        @staticmethod
+        def bakward(ctx, grad):  # misspelled: torch's Function.backward raises NotImplementedError
+            return grad
+
+    def learner(x):
+        t = torch.tensor(float(x), requires_grad=True)
+        Square.apply(t).backward()
+        return t.grad.item()
+
+    r = _fn_ex().check(learner)
+    assert r.status == "incorrect" and "backward" in r.message, r
+    with progress_records() as records:
+        _fn_ex().check(learner)
+    assert [status for *_, status in records] == ["incorrect"]  # and recorded as tried, not as not attempted
+
+
+@contextlib.contextmanager
+def progress_records():
+    calls = []
+    real = core.progress.record
+    core.progress.record = lambda *a: calls.append(a)
+    try:
+        yield calls
+    finally:
+        core.progress.record = real
+
+
+@pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
+def test_a_default_device_set_earlier_does_not_change_the_verdict(mod, ex):
+    """`torch.set_default_device("meta")` in an earlier cell: the model answer is still correct, and the
+    learner's setting is there again afterwards. (A value answer is computed before: made after it, it is
+    a meta tensor, which is the learner's to fix.)"""
+    answer = ex.reference()
+    torch.set_default_device("meta")
+    try:
+        result = ex.check(answer)
+        assert torch.get_default_device().type == "meta"
+    finally:
+        torch.set_default_device(None)
+    assert result.status == "correct", result
+
+
+def test_what_an_answer_changes_is_put_back():
+    """An answer that moves the kernel elsewhere (os.chdir) or sets a default device: the next cell
+    (a `torchrun("scripts/...")` with a relative path) finds the kernel as it was."""
+    import os
+    import tempfile
+
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as elsewhere:
+        def wanders(x):
+            os.chdir(elsewhere)
+            torch.set_default_device("meta")
+            return 2 * x
+
+        assert _fn_ex().check(wanders).correct
+        assert os.getcwd() == here
+    assert torch.get_default_device().type == "cpu"
+
+
+def test_check_never_raises_even_for_objects_that_cannot_be_shown():
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no text for you")
+
+    def raises_it(x):
+        raise Unprintable
+
+    r = _fn_ex().check(raises_it)
+    assert r.status == "incorrect" and "Unprintable" in r.message
+
+    class NoRepr:
+        def __repr__(self):
+            raise RuntimeError("no repr for you")
+
+    r = _fn_ex().check(lambda x: NoRepr())
+    assert r.status == "incorrect" and "NoRepr" in r.message
+    assert _ex().check(NoRepr()).status == "incorrect"
+
+
+def test_a_hint_number_that_is_not_one_is_answered_not_raised():
+    """q1.hint("1") or q1.hint(1.0) once raised a TypeError; a number out of range is answered the same way."""
+    for bad in ("1", 1.0, 0, 5, True):
+        assert "Ask for hint 1 to 1." in repr(_fn_ex().hint(bad)), bad
+    assert "hint 1/1" in repr(_fn_ex().hint(1))

@@ -63,12 +63,14 @@ WARM_RANKS: list[int] = []  # every rank the warm engine started in this process
 def tagged_processes(tag: str) -> list[int]:
     """Live processes whose environment holds LAUNCH_TEST_TAG=tag (zombies show no environment),
     and those in the session of a rank the warm engine started (a forked rank's /proc environ is
-    its server's: the variables it was given do not show there)."""
+    its server's: the variables it was given do not show there). Not the idle warm servers kept for
+    the next job (one started for a job has that job's variables; it runs nothing of it any more)."""
     marker = f"LAUNCH_TEST_TAG={tag}\0".encode()
     sessions = {str(p).encode() for p in WARM_RANKS}
+    idle = {str(s.proc.pid) for s in launch._Server.idle}
     found = []
     for name in os.listdir("/proc"):
-        if name.isdigit():
+        if name.isdigit() and name not in idle:
             try:
                 with open(f"/proc/{name}/environ", "rb") as fh:
                     env = fh.read()
@@ -284,6 +286,13 @@ def test_failure_summary_and_blame():
     assert launch._blame({0: 1, 1: 1}, 1, same) == 0
     # No summary at all: the lowest rank with a traceback.
     assert launch._blame({}, None, [[], boom]) == 1
+    # Every rank stops with the same code, but only rank 0 said why (train.py refusing a checkpoint):
+    # rank 0 is named, whichever exited first, and also when it was stopped (SIGTERM) after saying it.
+    why = ["error: the checkpoint last.pt was made with another configuration (epochs: 4 -> 6)."]
+    assert launch._blame({0: 2, 1: 2}, 1, [why, []]) == 0
+    assert launch._blame({0: -15, 1: 2}, 1, [why, []]) == 0
+    # A stopped rank's last words count only when they are an error, not a warning it printed earlier.
+    assert launch._blame({0: -15, 1: 2}, 1, [["UserWarning: something"], []]) == 1
     assert launch._error_tail(["noise", *boom]) == [
         "Traceback (most recent call last):", '  File "x.py", line 3', "ValueError: boom"]
     assert "SIGKILL" in launch._describe_exit(-9) and launch._describe_exit(3) == "exit code 3"
@@ -856,3 +865,139 @@ def test_spawn_bounded_stops_children_at_the_deadline():
     with pytest.raises(SpawnFailed, match="did not finish"):
         spawn_bounded(_sleep, nprocs=2, timeout=1.0, start_method="fork")
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow
+def test_the_rank_that_said_why_is_named_whichever_exited_first(tmp_path, engine):
+    """Rank 1 exits first and silently, rank 0 has said why (refuse.py, as train.py refusing a checkpoint):
+    20 launches, half with rank 0 exiting by itself (both codes 2), half with rank 0 stopped by the
+    launcher after saying why. The error always names rank 0 and quotes its reason."""
+    for run in range(20):
+        folder = tmp_path / str(run)
+        folder.mkdir()
+        stubborn = run % 2
+        with pytest.raises(LaunchError) as info:
+            torchrun(f"{SCRIPTS}/refuse.py", nproc=2, timeout=120, show=False, cwd=ROOT,
+                     env={"REFUSE_DIR": folder, "REFUSE_STUBBORN": stubborn})
+        exc = info.value
+        assert exc.rank == 0 and exc.exit_code == 2, f"run {run} (stubborn={stubborn}): {exc}"
+        assert exc.error.startswith("error: the checkpoint last.pt was made with another configuration")
+        assert "(it wrote nothing to stderr)" not in str(exc)
+        assert "epochs: 4 -> 6" in str(exc)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_repeated_interrupts_still_stop_every_process(notebook_mode, tmp_path, engine, capsys):
+    """Four interrupts 0.3-1 s apart while the ranks take longer than the grace period to stop (they
+    save a checkpoint on SIGTERM): the stop goes on to the end whatever is pressed, so nothing of the
+    job outlives the KeyboardInterrupt; and the interrupted cell says what the ranks printed and where
+    their logs are."""
+    tag = uuid.uuid4().hex
+    main = threading.main_thread().ident
+
+    def interrupt_four_times():
+        end = time.monotonic() + 200
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the ranks' first line is in their logs
+        for pause in (0.3, 1.0, 0.5, 0.0):
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(pause)
+
+    # As in a kernel: a press raises KeyboardInterrupt while the cell runs, and does nothing after it.
+    running = [True]
+
+    def kernel_like(signum, frame):
+        if running[0]:
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, kernel_like)
+    presser = threading.Thread(target=interrupt_four_times, daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            try:
+                torchrun(f"{SCRIPTS}/slow_to_stop.py", nproc=2, timeout=300, cwd=ROOT,
+                         env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag})
+            finally:
+                running[0] = False
+        left = tagged_processes(tag)  # at once: no waiting for stragglers
+        presser.join(10)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid")]
+    assert len(pids) == 2 and left == [] and not any(map(alive, pids))
+    log_dir = re.search(r"logs: (\S+)", str(info.value)).group(1)
+    assert (Path(log_dir) / "rank0.stdout.log").read_text() == "rank 0 working\n"
+    err = capsys.readouterr().err
+    assert "[rank 0] rank 0 working" in err and "[rank 1] rank 1 working" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="checks processes through /proc")
+def test_command_line_interrupted_says_so_without_a_traceback(tmp_path, engine):
+    tag = uuid.uuid4().hex
+    cmd = [sys.executable, "-m", "course_utils", "launch", f"{SCRIPTS}/hang.py", "--nproc", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HANG_PID_DIR": str(tmp_path), "LAUNCH_TEST_TAG": tag})
+    try:
+        end = time.monotonic() + 200
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C in a terminal (the whole group gets it; here the launcher)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted" in err and re.search(r"logs: \S+", err)
+    assert tagged_processes(tag) == []
+
+
+def test_more_processes_than_the_machine_can_hold_are_refused_with_what_to_do(monkeypatch, capsys):
+    """nproc=1000 once filled the memory (each rank imports torch) and set off the OOM killer: refused
+    up front, saying why and how to go beyond on purpose (max_nproc=, --max-nproc)."""
+    def no_popen(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_popen)
+    ok = f"{SCRIPTS}/two_ranks.py"
+    with pytest.raises(ValueError) as info:
+        torchrun(ok, nproc=1000, cwd=ROOT)
+    text = str(info.value)
+    assert "nproc=1000" in text and "MB" in text and "max_nproc=1000" in text and "--max-nproc 1000" in text
+    # The bound: the memory available (about RANK_MEMORY_MB a rank) and the cores (RANKS_PER_CORE each).
+    monkeypatch.setattr(launch, "_memory_available", lambda: 10 * launch.RANK_MEMORY_MB * 2**20)
+    monkeypatch.setattr(launch, "_cores", lambda: 1)
+    limit, _ = launch.machine_capacity()
+    assert limit == min(10, max(8, launch.RANKS_PER_CORE))
+    with pytest.raises(ValueError, match=f"nproc={limit + 1} is more processes"):
+        torchrun(ok, nproc=limit + 1, cwd=ROOT)
+    with pytest.raises(ValueError, match="max_nproc must be"):
+        torchrun(ok, nproc=2, max_nproc=0, cwd=ROOT)
+    # An explicit max_nproc lets it through (to the start of the ranks, stopped here).
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(_Started()))
+    with pytest.raises(_Started):
+        torchrun(ok, nproc=limit + 1, max_nproc=limit + 1, cwd=ROOT, engine="torchrun", show=False)
+    assert launch.main([ok, "--nproc", "1000"]) == 2
+    assert "--max-nproc 1000" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_nprocs=1000"):  # mp.spawn, bounded: the same bound
+        spawn_bounded(_ok, nprocs=1000)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_the_timeout_covers_the_start(tmp_path):
+    """A job whose ranks are slow to start (here: a new warm server must import torch first) still
+    ends at its timeout, counted from the call, with nothing left running."""
+    tag = uuid.uuid4().hex
+    limit = 1.0
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:  # a start-up variable never seen: a new server
+        torchrun(f"{SCRIPTS}/hang.py", nproc=2, timeout=limit, show=False, cwd=ROOT, engine="warm",
+                 env={"HANG_PID_DIR": tmp_path, "LAUNCH_TEST_TAG": tag, "TORCH_TEST_FRESH": tag})
+    took = time.monotonic() - t0
+    assert took < limit + launch.GRACE_S + 1.5, took
+    assert "did not finish within its timeout of 1 s" in str(info.value)
+    assert tagged_processes(tag) == []

@@ -25,3 +25,21 @@ def test_big_batch_lesson_adapts_its_steps_or_refuses_when_the_data_runs_out(tmp
                  backend="gloo", show=False)
     said = [text.count("error: 2 ranks x batch 800 = 1600 samples per step") for text in info.value.logs]
     assert said == [1, 0] and info.value.exit_code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["warm", "torchrun"])
+def test_train_refusing_a_changed_configuration_shows_why_every_time(tmp_path, engine):
+    """Every rank stops with exit code 2 when rank 0 refuses a checkpoint; whichever exits first, the
+    error names rank 0 and quotes its reason (it once named a silent rank 1 in half the runs)."""
+    from course_utils.launch import LaunchError, torchrun
+
+    common = ["--model", "mlp", "--no-progress", "--out-dir", tmp_path / "run"]
+    torchrun(SCRIPTS / "train.py", nproc=2, args=[*common, "--epochs", "1"], timeout=240, show=False,
+             engine=engine)
+    for run in range(5):
+        with pytest.raises(LaunchError) as info:
+            torchrun(SCRIPTS / "train.py", nproc=2, args=[*common, "--epochs", "2"], timeout=240, show=False,
+                     engine=engine)
+        assert info.value.rank == 0 and info.value.exit_code == 2, f"run {run}: {info.value}"
+        assert "made with another configuration (epochs: 1 -> 2)" in str(info.value), f"run {run}: {info.value}"

@@ -169,7 +169,7 @@ def test_check_wheelhouse_without_a_wheelhouse_says_what_to_run(course, capsys):
 def test_lab_records_progress_and_the_tests_do_not(monkeypatch):
     envs = []
     monkeypatch.setattr(tasks, "ensure_venv", lambda *a, **k: Path("python"))
-    monkeypatch.setattr(subprocess, "call", lambda args, **kw: envs.append(kw["env"]) or 0)
+    monkeypatch.setattr(tasks, "run_foreground", lambda args, **kw: envs.append(kw["env"]) or 0)
     monkeypatch.setattr(tasks, "in_venv", lambda args, **kw: envs.append(kw["env"]) or 0)
     monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
     monkeypatch.delenv("COURSE_PROGRESS", raising=False)

@@ -7,6 +7,7 @@ import html
 import inspect
 import itertools
 import math
+import os
 import random
 import signal
 import sys
@@ -109,14 +110,39 @@ class _Text:
         return f'<div style="border-left:4px solid #3465a4;padding:6px 10px"><b>{html.escape(self.title)}</b>{inner}</div>'
 
 
+def _set_default_device(device: torch.device) -> None:
+    torch.set_default_device(None if device.type == "cpu" else device)
+
+
+def _chdir(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):  # (the folder was deleted meanwhile: nowhere to go back to)
+            os.chdir(path)
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
 def untouched() -> Iterator[None]:
-    """Run with grad mode on, no inference mode, float32 by default; then restore the torch (CUDA, MPS),
-    numpy and ``random`` generators, grad mode, the default dtype and the thread count."""
+    """Run with grad mode on, no inference mode, float32 tensors on the CPU by default, as a fresh kernel;
+    then restore what the block may have changed, the learner's settings before it included: the torch
+    (CUDA, MPS), numpy and ``random`` generators, grad mode, the default dtype and device, the thread
+    count, anomaly detection, deterministic algorithms, the working directory and ``sys.stdout``/``stderr``."""
     state = [(torch.get_rng_state, torch.set_rng_state), (np.random.get_state, np.random.set_state)]
     state += [(random.getstate, random.setstate), (torch.is_grad_enabled, torch.set_grad_enabled)]
     state += [(torch.get_default_dtype, torch.set_default_dtype)]
+    state += [(torch.get_default_device, _set_default_device)]
     state += [(torch.get_num_threads, torch.set_num_threads)]
+    state += [(torch.is_anomaly_enabled, torch.set_anomaly_enabled)]
+    state += [(torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms)]
+    state += [(_cwd, _chdir)]
+    state += [(lambda: (sys.stdout, sys.stderr), lambda streams: setattr(sys, "stdout", streams[0])
+               or setattr(sys, "stderr", streams[1]))]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state.append((torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all))
     if torch.backends.mps.is_available():
@@ -124,6 +150,7 @@ def untouched() -> Iterator[None]:
     saved = [(restore, get()) for get, restore in state]
     try:
         torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)  # a set_default_device("meta") of an earlier cell: not in the check
         with torch.inference_mode(False), torch.enable_grad():
             yield
     finally:
@@ -401,7 +428,7 @@ def _show(x, other=None):
         return kind(x) if x.numel() > 20 else repr(x.tolist())
     if isinstance(x, str) and any(map(is_chinese, x)):  # a fact's Chinese value: in Chinese quotes
         return f"“{x}”"
-    text = repr(x)
+    text = _text(x, repr)
     return text if len(text) <= 160 else text[:150] + " ...]"
 
 
@@ -438,12 +465,37 @@ def _outcome(observe, answer, case, want=None, tol=(0, 0)):
     except Incorrect as exc:
         facts["incorrect"] = str(exc)
         return facts
-    except NotImplementedError:
-        raise NotAttempted(tr(*_STUB)) from None
+    except NotImplementedError as exc:
+        if _is_stub(exc):
+            raise NotAttempted(tr(*_STUB)) from None
+        facts["error"] = exc  # torch's own (a misspelled forward, a Function without backward): a real error
+        return facts
     except (Exception, SystemExit) as exc:
         facts["error"] = exc
         return facts
     return seen if isinstance(seen, dict) else {"result": seen}
+
+
+def _is_stub(exc: NotImplementedError) -> bool:
+    """Whether `exc` is the learner's own unfinished body: raised by a ``raise`` statement in the learner's
+    code, not by a library (torch raises NotImplementedError for a misspelled ``forward``, a Function
+    without ``backward``, an operation a device lacks)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or not learners_code(tb.tb_frame):
+        return False
+    line = (frames[-1].line or "").strip() if frames else ""
+    return line.startswith("raise") if line else not exc.args
+
+
+def _text(x: Any, how: Callable[[Any], str] = str) -> str:
+    """``str(x)`` (or `how`), or a stand-in when the learner's object cannot give one (its method raises)."""
+    try:
+        return how(x)
+    except Exception:
+        return tr(f"<{type(x).__name__} that cannot be shown>", f"<无法显示的 {type(x).__name__}>")
 
 
 def _first_diff(got, want, rtol, atol):
@@ -462,8 +514,9 @@ def _explain_exception(exc):
         if "/course_utils/" not in path and "/torch/" not in path:
             where = tr(f" (line {fr.lineno}: `{(fr.line or '').strip()}`)", f"（第 {fr.lineno} 行：`{(fr.line or '').strip()}`）")
             break
-    return tr(f"your code raised {type(exc).__name__}: {exc}{where}. Fix that error first, then check again.",
-              f"你的代码抛出了 {type(exc).__name__}: {exc}{where}。请先修正这个错误，再检查。")
+    said = _text(exc)
+    return tr(f"your code raised {type(exc).__name__}: {said}{where}. Fix that error first, then check again.",
+              f"你的代码抛出了 {type(exc).__name__}: {said}{where}。请先修正这个错误，再检查。")
 
 
 @functools.cache
@@ -543,7 +596,7 @@ class Exercise:
         n = len(self.hints)
         if number is None:
             self._hints_shown = number = min(self._hints_shown + 1, n)
-        if not 1 <= number <= n:
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= n:  # hint("2"), hint(0)
             return _Text(tr(f"{self.name}: there are {n} hints", f"{_title(self.name)}：共有 {n} 条提示"),
                          tr(f"Ask for hint 1 to {n}.", f"请查看第 1 到第 {n} 条提示。"))
         return _Text(tr(f"{self.name} · hint {number}/{n}", f"{_title(self.name)} · 提示 {number}/{n}"),

@@ -10,7 +10,14 @@ Resumes from OUT_DIR/last.pt when it exists, so the same command continues an in
 run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
 Rank 0 reads the checkpoint and sends it to the other ranks, so the replicas never disagree; which
 node gets rank 0 is the rendezvous' choice, so keep OUT_DIR on a filesystem every node shares. A
-damaged checkpoint, or one of another number of processes, is refused with what to do (exit code 2).
+damaged checkpoint or metrics file, one of another number of processes, a folder that another run is
+using, or a full disk is refused with what to do (exit code 2, every rank stopping).
+
+After each epoch rank 0 appends the epoch's row to metrics.jsonl, then writes last.pt: a crash at any
+point leaves the metrics file with a row for every epoch of the checkpoint, and resuming drops any row
+newer than it (a last line cut short by the crash too), so the epoch is run and written again. A fresh
+start (``--no-resume``, or no last.pt) in a folder that holds an earlier run's files moves them,
+untouched, to OUT_DIR/previous-N/.
 With this PyTorch version, give the launcher ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when it may
 restart: otherwise a restarted attempt can read the previous attempt's keys (gloo's addresses; any
 backend exchanges its connection details through this store) and fail to connect (PyTorch issue 135712):
@@ -41,10 +48,12 @@ from course_utils.ch05_full_pipeline import (
     evaluate,
     format_config,
     get_rng_state,
+    hold_out_dir,
     load_checkpoint,
     load_splits,
     parse_config,
     read_metrics,
+    set_aside,
     set_rng_state,
     sync_buffers,
 )
@@ -72,31 +81,72 @@ class Refused(Exception):
     """The run cannot go on as asked; rank 0 has said why."""
 
 
-def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, path: Path) -> dict | None:
-    """Rank 0 alone decides whether to resume, and sends every rank what it loaded (a few MB).
+def agree(ctx: DistContext, problem: str | None) -> None:
+    """Every rank learns whether rank 0 could do its part (None: it could; else why not, which rank 0
+    prints once); all stop together (Refused) rather than wait for a rank that gave up."""
+    said = [problem]
+    dist.broadcast_object_list(said, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+    if said[0] is not None:
+        if ctx.rank == 0:
+            sys.stderr.write(f"error: {said[0]}\n")
+        raise Refused(said[0])
+
+
+def prepare_out_dir(cfg: TrainConfig, ctx: DistContext, out: Path) -> dict | None:
+    """On rank 0: take OUT_DIR for this run, load last.pt when resuming, keep the metrics rows of the
+    epochs it holds (a last line cut short by a crash is dropped), or, starting afresh, move an earlier
+    run's files aside. Returns the checkpoint (None: a fresh run)."""
+    global _held
+    _held = hold_out_dir(out)  # released when this process ends
+    metrics = out / "metrics.jsonl"
+    path = out / "last.pt"
+    ckpt = load_checkpoint(path, map_location="cpu", config=cfg) if cfg.resume else None
+    saved_world = len(ckpt["rng"]) if ckpt is not None else ctx.world_size
+    if saved_world != ctx.world_size:
+        raise CheckpointError(
+            f"the checkpoint {path.name} in {path.parent} was written by a run of {saved_world} "
+            f"processes, and this run has {ctx.world_size}. Its learning-rate schedule counts the "
+            "optimizer steps of an epoch split over the old number of processes (the schedule would "
+            "end too early or too late), and its random streams are one per old process, so it "
+            f"cannot be continued. Resume with {saved_world} processes (for an elastic job: "
+            "--nnodes N:N, a fixed number of nodes), or start a fresh run with --no-resume (the earlier "
+            "run's files are kept in previous-N/) or another --out-dir."
+        )
+    if ckpt is None:
+        kept = set_aside(out)
+        if kept is not None:
+            rprint(f"note: {out.name}/ held an earlier run's files; they are kept in {out.name}/{kept.name}/ "
+                   "(this run starts afresh)")
+        return None
+    torn: list[str] = []
+    rows = [row for row in read_metrics(metrics, torn) if row.get("epoch", 0) <= ckpt["epoch"]]
+    if torn:
+        rprint("note: the last line of metrics.jsonl was cut short (a crash while writing it): dropped")
+    write_atomically(metrics, "".join(json.dumps(row) + "\n" for row in rows))  # a re-run epoch: one row
+    return ckpt
+
+
+_held = None  # rank 0's hold on OUT_DIR (see hold_out_dir)
+
+
+def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, out: Path) -> dict | None:
+    """Rank 0 alone decides whether to resume (and prepares OUT_DIR), and sends every rank what it
+    loaded (a few MB).
 
     Only rank 0 writes checkpoints, so on node-local disks the other nodes have no ``last.pt`` (or an
-    old one): ranks deciding alone could diverge. A checkpoint that cannot be continued is refused
-    once, by rank 0, and every rank stops.
+    old one): ranks deciding alone could diverge. A run that cannot go on (a checkpoint it cannot
+    continue, a damaged metrics file, a folder in use) is refused once, by rank 0, and every rank stops.
     """
     found: list = [None]
     if ctx.rank == 0:
+        path = out / "last.pt"
         try:
-            ckpt = load_checkpoint(path, map_location="cpu", config=cfg) if cfg.resume else None
-            saved_world = len(ckpt["rng"]) if ckpt is not None else ctx.world_size
-            if saved_world != ctx.world_size:
-                raise CheckpointError(
-                    f"the checkpoint {path.name} in {path.parent} was written by a run of {saved_world} "
-                    f"processes, and this run has {ctx.world_size}. Its learning-rate schedule counts the "
-                    "optimizer steps of an epoch split over the old number of processes (the schedule would "
-                    "end too early or too late), and its random streams are one per old process, so it "
-                    f"cannot be continued. Resume with {saved_world} processes (for an elastic job: "
-                    "--nnodes N:N, a fixed number of nodes), or start a fresh run with --no-resume or "
-                    "another --out-dir."
-                )
+            ckpt = prepare_out_dir(cfg, ctx, out)
             found[0] = ("ok", ckpt)
         except Exception as exc:  # refused once, never a rank left waiting: a bad file, a flaky filesystem
             why = f"{path} could not be read ({type(exc).__name__}: {exc}): move it away or pass --no-resume"
+            if isinstance(exc, OSError):  # the folder itself: not there, not writable, full
+                why = f"{out} cannot be used for this run ({exc}): check it, or give another --out-dir"
             found[0] = ("refused", str(exc) if isinstance(exc, CheckpointError) else why)
     dist.broadcast_object_list(found, src=0, device=ctx.device if ctx.backend == "nccl" else None)
     verdict, payload = found[0]
@@ -132,7 +182,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     # 2. Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
     seed_everything(cfg.seed)
     model = MODELS[cfg.model]().to(device)
-    ckpt = agree_on_checkpoint(cfg, ctx, out / "last.pt")
+    ckpt = agree_on_checkpoint(cfg, ctx, out)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -154,11 +204,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         elapsed, train_s, train_cpu_s = extra["elapsed_s"], extra["train_s"], extra["train_cpu_s"]
         set_rng_state(ckpt["rng"][ctx.rank])  # agree_on_checkpoint made sure there is one per rank
         log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restarts})")
-    metrics = out / "metrics.jsonl"
-    if rank0:  # the rows of the epochs done: a re-run epoch is never written twice
-        out.mkdir(parents=True, exist_ok=True)
-        kept = [row for row in read_metrics(metrics) if row["epoch"] <= start_epoch]
-        write_atomically(metrics, "".join(json.dumps(row) + "\n" for row in kept))
+    metrics = out / "metrics.jsonl"  # (rank 0 kept the rows of the epochs done: prepare_out_dir)
 
     show_bar = cfg.progress and rank0 and sys.stderr.isatty()
     if show_bar:
@@ -206,17 +252,15 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         test = (evaluate(model, splits.test, ctx.rank, ctx.world_size, device, cfg.eval_batch_size, cfg.bf16)
                 if cfg.test_every_epoch else None)
 
-        # 6. Checkpoint: rank 0 writes, with every rank's random state; the others wait.
+        # 6. The epoch's metrics row, then the checkpoint: rank 0 writes, with every rank's random state;
+        # the others wait for it to say it could (a full disk stops every rank, with the old last.pt kept).
         rng_states: list = [None] * ctx.world_size
         dist.all_gather_object(rng_states, get_rng_state())
         elapsed += time.perf_counter() - t0
         train_s += t_train
         train_cpu_s += c_train
+        problem = None
         if rank0:  # epoch: the number of completed epochs, where the resumed loop starts
-            state = {"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "rng": rng_states, "config": dataclasses.asdict(cfg),
-                     "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
-            atomic_save(state, out / "last.pt")
             row = {"epoch": epoch + 1, "train_loss": train_loss, "last_batch_loss": last_batch_loss,
                    "val_loss": val.loss, "val_acc": val.accuracy, "val_correct": val.correct,
                    "val_total": val.total, "lr": scheduler.get_last_lr()[0], "train_s": train_s, "train_cpu_s": train_cpu_s,
@@ -224,11 +268,22 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
                    "restart": restarts}
             if test is not None:
                 row.update(test_acc=test.accuracy, test_loss=test.loss)
-            with open(metrics, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            rprint(f"epoch {epoch + 1}/{cfg.epochs}  train_loss {train_loss:.3f}  val_loss {val.loss:.3f}  "
-                   f"val_acc {100 * val.accuracy:.2f}% ({val.correct}/{val.total})  ({t_train:.2f} s)")
-        dist.barrier()
+            state = {"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "rng": rng_states, "config": dataclasses.asdict(cfg),
+                     "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
+            try:  # the row first: a crash between the two leaves a row that resuming drops, never a gap
+                with open(metrics, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                atomic_save(state, out / "last.pt")
+            except OSError as exc:
+                problem = (f"could not save epoch {epoch + 1} ({exc}). Free some space (or fix the folder), then run "
+                           "the same command again: it resumes from the last checkpoint")
+            else:
+                rprint(f"epoch {epoch + 1}/{cfg.epochs}  train_loss {train_loss:.3f}  val_loss {val.loss:.3f}  "
+                       f"val_acc {100 * val.accuracy:.2f}% ({val.correct}/{val.total})  ({t_train:.2f} s)")
+        agree(ctx, problem)
         if epoch + 1 == cfg.stop_after_epoch:
             log(ctx, f"stopping after epoch {epoch + 1} (--stop-after-epoch): resume with the same command")
             return {"stopped_at": epoch + 1}
@@ -239,9 +294,15 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     summary = {"epochs": cfg.epochs, "test_acc": test.accuracy, "test_correct": test.correct,
                "test_total": test.total, "test_loss": test.loss, "train_s": train_s, "elapsed_s": elapsed,
                "world_size": ctx.world_size, "train_samples": n_train, "samples_per_s": cfg.epochs * n_train / max(train_s, 1e-9)}
+    problem = None
     if rank0:
-        atomic_save(model.state_dict(), out / "final.pt")
-        write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+        try:
+            atomic_save(model.state_dict(), out / "final.pt")
+            write_atomically(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+        except OSError as exc:
+            problem = (f"could not save the final weights ({exc}). Free some space (or fix the folder), then run "
+                       "the same command again: it resumes from the last checkpoint and only tests again")
+    agree(ctx, problem)
     log(ctx, f"test accuracy {100 * test.accuracy:.2f}% ({test.correct}/{test.total}), "
              f"test loss {test.loss:.3f}")
     log(ctx, f"training time {train_s:.1f} s over {cfg.epochs} epochs ({summary['samples_per_s']:.0f} samples per s)")
@@ -257,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2  # rank 0 has printed why; every rank stops
     finally:
         cleanup()
+        if _held is not None:  # (a process ending lets go of OUT_DIR anyway)
+            _held.release()
     return 0
 
 
