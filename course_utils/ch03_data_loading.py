@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -613,3 +614,15 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:
 
     ctl = list(controls.values())
     return w.VBox([w.HBox(ctl[:3]), w.HBox(ctl[3:]), w.interactive_output(show, controls)])
+
+
+_WORKER_DIED = re.compile(r"DataLoader worker .*?exited unexpectedly")
+_PIDS = re.compile(r" \(pid(?:\(s\))?[^)]*\)")  # " (pid 42)", " (pid(s) 42, 43)"
+
+
+def worker_failure(err: BaseException) -> str:
+    """``Type: message``; a DataLoader's report that a worker died reads the same in every run:
+    ``RuntimeError: DataLoader worker exited unexpectedly``, without the pids and exit details.
+    Section 8 (a notebook-defined ``Dataset`` under spawn)."""
+    found = _WORKER_DIED.search(str(err))
+    return f"{type(err).__name__}: {_PIDS.sub('', found.group(0)) if found else err}"

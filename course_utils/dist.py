@@ -13,7 +13,6 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -122,8 +121,9 @@ def cleanup() -> None:
 def _let_native_threads_settle(timeout_s: float = 1.0, quiet_looks: int = 3) -> None:
     """Sleep (GIL released) until no other thread of this process has been runnable for
     ``quiet_looks`` looks in a row, at most ``timeout_s``. Linux reads /proc; elsewhere a pause."""
-    tasks = Path("/proc/self/task")
-    if not tasks.is_dir():
+    from .launch import processes
+
+    if not processes.HAS_PROC:
         time.sleep(0.05)
         return
     me = str(threading.get_native_id())
@@ -131,13 +131,8 @@ def _let_native_threads_settle(timeout_s: float = 1.0, quiet_looks: int = 3) -> 
     quiet = 0
     while quiet < quiet_looks and time.monotonic() < deadline:
         time.sleep(0.005)
-        busy = False
-        for task in tasks.iterdir():
-            try:
-                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue  # the thread ended between the listing and the read
-            busy |= task.name != me and state == "R"
+        states = (processes.stat("self", task) for task in processes.threads() if task != me)
+        busy = any(s is not None and s[0] == "R" for s in states)  # (None: it ended meanwhile)
         quiet = 0 if busy else quiet + 1
 
 

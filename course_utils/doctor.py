@@ -199,9 +199,9 @@ def check_settings() -> Check:
     with contextlib.suppress(ImportError):  # torch missing: the accelerator line says what to do
         from .device import pick_device
         from .dist import check_backend
-        from .launch import _choose_engine
+        from .launch import choose_engine
 
-        tries = [pick_device, lambda: _choose_engine(None, 0)]
+        tries = [pick_device, lambda: choose_engine(None, 0)]
         if "COURSE_BACKEND" in found:
             tries.append(lambda: check_backend(os.environ["COURSE_BACKEND"], 2, setting="COURSE_BACKEND"))
     for attempt in tries:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
 from collections import Counter
 
 import numpy as np
@@ -483,3 +485,29 @@ def test_benchmark_refuses_a_busy_reference_unless_forced(tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "load_average", lambda: 0.0)
     assert bench.main(small + ["--save-reference", str(out)]) == 0
     assert json.loads(out.read_text())["machine"]["quiet"] is True
+
+
+class _DiesInWorker(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        os._exit(3)  # the worker process ends without a Python traceback
+
+
+def test_worker_failure_reads_the_same_in_every_run():
+    # the loader's two wordings: its own liveness check, and the SIGCHLD handler's
+    for message in ("DataLoader worker (pid(s) 4242, 4243) exited unexpectedly",
+                    "DataLoader worker (pid 4242) exited unexpectedly with exit code 1. Details are lost"):
+        assert L.worker_failure(RuntimeError(message)) == "RuntimeError: DataLoader worker exited unexpectedly"
+    assert L.worker_failure(ValueError("something else")) == "ValueError: something else"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX only")
+def test_worker_failure_of_a_real_dead_worker():
+    from course_utils.launch import child_stderr
+
+    loader = DataLoader(_DiesInWorker(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(RuntimeError) as info, child_stderr():
+        next(iter(loader))
+    assert L.worker_failure(info.value) == "RuntimeError: DataLoader worker exited unexpectedly"

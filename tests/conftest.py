@@ -1,0 +1,45 @@
+"""Fixtures of the launcher's tests (test_launch*.py; their helpers are in launch_support.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from launch_support import record_displays
+
+from course_utils.launch import ENGINES, display
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request, monkeypatch):
+    """Run the test once per engine (COURSE_LAUNCHER, which torchrun() reads when engine=None)."""
+    monkeypatch.setenv("COURSE_LAUNCHER", request.param)
+    return request.param
+
+
+@pytest.fixture
+def notebook_mode(monkeypatch):
+    """torchrun() as in a Jupyter kernel: the real live view, refreshed at every look at the logs;
+    returns its display calls and every HTML view it rendered."""
+    monkeypatch.setattr(display, "in_notebook", lambda: True)
+    monkeypatch.setattr(display.Notebook, "refresh_s", 0.0)
+    views, render = [], display.view
+    monkeypatch.setattr(display, "view", lambda *a: views.append(render(*a)) or views[-1])
+    return record_displays(monkeypatch), views
+
+
+@pytest.fixture
+def no_process_starts(monkeypatch):
+    """Fail the test if anything starts a process (Popen or fork)."""
+    def refuse(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _torch_imported():
+    # torchrun() imports course_utils.dist (and torch) lazily; import it before any timing.
+    import course_utils.dist  # noqa: F401
