@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
-import pkgutil
 import random
 import shutil
 import signal
@@ -33,9 +32,10 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-import course_utils.exercises
+from course_utils import inventory
 from course_utils.data import load_image
 from course_utils.exercises.core import MAX_STRETCH
+from course_utils.launch import processes
 
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
@@ -48,18 +48,14 @@ HANG_S = float(os.environ.get("SIM_HANG_S", SLOW_S + 10))
 
 
 def all_exercises():
-    """Every chapter module's ``EXERCISES``, keyed by module name."""
-    names = [m.name for m in pkgutil.iter_modules(course_utils.exercises.__path__) if m.name.startswith("ch")]
-    return {n: importlib.import_module(f"course_utils.exercises.{n}").EXERCISES for n in names}
+    """Every chapter's ``EXERCISES`` (the chapters: ``course_utils.inventory``), keyed by module name."""
+    return {ch.key: importlib.import_module(ch.exercise_module).EXERCISES for ch in inventory.CHAPTERS}
 
 
 def _asleep(tid):
     """Whether thread `tid` is asleep (state S or D): it uses no CPU, and ends when it wakes."""
-    try:
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in "SD"
-    except (OSError, IndexError):
-        return False
+    fields = processes.stat("self", tid)
+    return fields is not None and fields[0] in "SD"
 
 
 # ------------------------------------------------------------------------------ hostile answers

@@ -8,7 +8,6 @@ import contextlib
 import importlib
 import itertools
 import json
-import pkgutil
 import signal
 import sys
 import threading
@@ -19,16 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-import course_utils.exercises
-from course_utils.exercises import core
+from course_utils import inventory, progress
+from course_utils.exercises import core, time_limit
 from course_utils.exercises.core import Exercise, Incorrect, as_ints, as_number, as_tensor
 from course_utils.i18n import spaced
 
 
 def all_exercises() -> dict:
-    """Every chapter module's ``EXERCISES``, keyed by module name."""
-    names = [m.name for m in pkgutil.iter_modules(course_utils.exercises.__path__) if m.name.startswith("ch")]
-    return {n: importlib.import_module(f"course_utils.exercises.{n}").EXERCISES for n in names}
+    """Every chapter's ``EXERCISES`` (the chapters: ``course_utils.inventory``), keyed by module name."""
+    return {ch.key: importlib.import_module(ch.exercise_module).EXERCISES for ch in inventory.CHAPTERS}
 
 ALL = [(mod, ex) for mod, exs in sorted(all_exercises().items()) for ex in exs]
 IDS = [f"{mod}-{ex.name}" for mod, ex in ALL]
@@ -95,7 +93,7 @@ def _imports(source: str) -> list[str]:
 @pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
 def test_shown_solution_runs_in_its_notebook(mod, ex):
     """Paste `.solution()` into the notebook at the exercise, after the notebook's own imports: it must pass."""
-    (notebook,) = NOTEBOOKS.glob(f"{mod[2:]}_*.ipynb")
+    notebook = NOTEBOOKS / inventory.chapter(mod).notebook
     var = ex.name.lower() if ex.name.startswith("Q") else "q1"
     cells = _code_cells(notebook)
     at = next(i for i, src in enumerate(cells) if f"{var}.check(" in src)
@@ -256,11 +254,11 @@ def test_a_sleeping_answer_on_simulated_ranks_does_not_stall_later_checks(monkey
 def test_time_spent_waiting_for_a_cpu_is_not_charged(on_main_thread, monkeypatch):
     """A right answer on a starved machine stays right: only the time the code could run counts."""
     t0 = time.monotonic()
-    monkeypatch.setattr(core, "_cpu_wait", lambda tid=None: 0.9 * (time.monotonic() - t0))  # 90% waiting
+    monkeypatch.setattr(time_limit, "cpu_wait", lambda tid=None: 0.9 * (time.monotonic() - t0))  # 90% waiting
     box = []
 
     def work():
-        box.append(core._bounded(lambda: time.sleep(0.6) or "done", 0.3))
+        box.append(time_limit.bounded(lambda: time.sleep(0.6) or "done", 0.3))
 
     if on_main_thread:
         work()
@@ -270,7 +268,7 @@ def test_time_spent_waiting_for_a_cpu_is_not_charged(on_main_thread, monkeypatch
         t.join(10)
     assert box and box[0][0] == "done" and box[0][1] < 0.3
     with pytest.raises(core.TimeUp):  # still bounded: at most MAX_STRETCH times the limit
-        core._bounded(lambda: time.sleep(30), 0.1)
+        time_limit.bounded(lambda: time.sleep(30), 0.1)
     assert time.monotonic() - t0 < 0.6 + 0.1 * core.MAX_STRETCH + 2
 
 
@@ -561,12 +559,12 @@ def test_a_notimplementederror_from_torch_is_an_error_not_a_stub():
 @contextlib.contextmanager
 def progress_records():
     calls = []
-    real = core.progress.record
-    core.progress.record = lambda *a: calls.append(a)
+    real = progress.record
+    progress.record = lambda *a: calls.append(a)
     try:
         yield calls
     finally:
-        core.progress.record = real
+        progress.record = real
 
 
 @pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
