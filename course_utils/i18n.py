@@ -20,6 +20,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import inventory
+
 LANGUAGES = ("en", "zh-CN")
 _ALIASES = {"en": "en", "english": "en", "zh": "zh-CN", "zh-cn": "zh-CN", "zh_cn": "zh-CN", "chinese": "zh-CN"}
 
@@ -82,7 +84,7 @@ def language() -> str:
         lang = _from_notebook(Path(session))
         if lang:
             return lang
-    for path in sorted(Path.cwd().glob("[0-9][0-9]_*.ipynb"))[:1]:
+    for path in inventory.notebooks_in(Path.cwd())[:1]:
         lang = _from_notebook(path)
         if lang:
             return lang

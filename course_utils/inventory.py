@@ -100,8 +100,13 @@ def chapter(key: str) -> Chapter:
 
 def notebooks(edition: str = "en") -> list[Path]:
     """The chapters' notebooks of an edition ("en", "zh-CN"), in order (those that exist)."""
-    folder = ROOT / EDITIONS[edition]
-    return [folder / ch.notebook for ch in CHAPTERS if (folder / ch.notebook).exists()]
+    return notebooks_in(ROOT / EDITIONS[edition])
+
+
+def notebooks_in(folder: Path | str) -> list[Path]:
+    """The chapters' notebooks in `folder` (an edition's, or a copy of one), in order (those that
+    exist)."""
+    return [Path(folder) / ch.notebook for ch in CHAPTERS if (Path(folder) / ch.notebook).exists()]
 
 
 def script(name: str) -> Script:

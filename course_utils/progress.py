@@ -22,20 +22,19 @@ import datetime as dt
 import importlib
 import json
 import os
-import pkgutil
 import sys
 import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import inventory
 from .i18n import pad, text_width, tr
 
 ENV_SWITCH = "COURSE_PROGRESS"  # 1: record, 0: never record (wins over the flag file)
 ENV_FILE = "COURSE_PROGRESS_FILE"  # another progress file (tests point it at a temporary folder)
 STATUSES = ("correct", "incorrect", "not_attempted")
 _ON, _OFF = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-_EXERCISES = "course_utils.exercises"
 
 try:
     import fcntl
@@ -208,36 +207,27 @@ def reset(path: Path | None = None) -> int:
 
 
 def chapters(import_modules: bool = True) -> dict[str, list[str]]:
-    """Every chapter's exercises in order, ``{"ch01": ["Q1", ...]}``, from the exercise modules (their
-    ``EXERCISES``; importing them imports torch). A module that does not import, or every module when
-    `import_modules` is False (a program without torch: the instructor's view), is read from its words
-    file instead, which names the same exercises."""
-    package = importlib.import_module(_EXERCISES)
+    """Every chapter's exercises in order (the chapters: ``inventory.CHAPTERS``), ``{"ch01": ["Q1",
+    ...]}``, from the exercise modules (their ``EXERCISES``; importing them imports torch). A module
+    that does not import, or every module when `import_modules` is False (a program without torch:
+    the instructor's view), is read from its words file instead, which names the same exercises."""
     found = {}
-    for mod in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        if not (mod.startswith("ch") and mod[2:].isdigit()):
-            continue
+    for chapter in inventory.CHAPTERS:
         try:
             if not import_modules:
                 raise ImportError("read from the words file")
-            exercises = importlib.import_module(f"{_EXERCISES}.{mod}").EXERCISES
-            found[mod] = [ex.name for ex in exercises]
+            exercises = importlib.import_module(chapter.exercise_module).EXERCISES
+            found[chapter.key] = [ex.name for ex in exercises]
         except Exception:
-            words = Path(package.__path__[0]) / f"{mod}.en.toml"
+            words = inventory.ROOT / "course_utils" / "exercises" / f"{chapter.key}.en.toml"
             with contextlib.suppress(OSError, ValueError):
-                found[mod] = list(tomllib.loads(words.read_text(encoding="utf-8")))
+                found[chapter.key] = list(tomllib.loads(words.read_text(encoding="utf-8")))
     return found
 
 
 def chapter_titles() -> dict[str, str]:
-    """``{"ch01": "01_autograd", ...}``: each chapter named after its notebook (its module's name)."""
-    package = importlib.import_module("course_utils")
-    titles = {}
-    for m in pkgutil.iter_modules(package.__path__):
-        head, _, topic = m.name.partition("_")
-        if head.startswith("ch") and head[2:].isdigit() and topic:
-            titles[head] = f"{head[2:]}_{topic}"
-    return titles
+    """``{"ch01": "01_autograd", ...}``: each chapter named after its notebook."""
+    return {chapter.key: chapter.stem for chapter in inventory.CHAPTERS}
 
 
 @dataclass

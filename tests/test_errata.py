@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 
 ERRATA = ROOT / "docs" / "errata.md"
-NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
+NOTEBOOKS = inventory.notebooks("en")
 
 # "erratum 7", "Erratum 10", "errata 3 and 4", "errata 5, 8, 9, 10"
 CITATION = re.compile(r"\berrat(?:um|a)\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)", re.I)

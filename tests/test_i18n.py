@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from course_utils import i18n
+from course_utils import i18n, inventory
 
 
 def _notebook(folder, language=None):
     meta = {"kernelspec": {"name": "python3"}}
     if language:
         meta["course"] = {"language": language}
-    path = folder / "01_x.ipynb"
+    path = folder / inventory.CHAPTERS[1].notebook  # a chapter's notebook, as a kernel's folder holds
     path.write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))
     return path
 
@@ -34,7 +34,7 @@ def test_the_notebooks_metadata_sets_it(tmp_path, monkeypatch):
     other = tmp_path / "lab"
     other.mkdir()
     monkeypatch.chdir(other)
-    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "01_x.ipynb"))  # JupyterLab names the notebook
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / inventory.CHAPTERS[1].notebook))  # JupyterLab names the notebook
     assert i18n.language() == "zh-CN"
 
 

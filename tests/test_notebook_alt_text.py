@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 from course_utils.i18n import is_chinese
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted(
-    (ROOT / "notebooks-zh").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = inventory.notebooks("en") + inventory.notebooks("zh-CN")
 IMAGES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 
-NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
+NOTEBOOKS = inventory.notebooks("en")
 IDS = [p.name for p in NOTEBOOKS]
 # Both editions: the English notebooks and the Chinese ones built from them (notebooks-zh/).
-EDITIONS = NOTEBOOKS + sorted((ROOT / "notebooks-zh").glob("[0-9][0-9]_*.ipynb"))
+EDITIONS = NOTEBOOKS + inventory.notebooks("zh-CN")
 EDITION_IDS = [f"{p.parent.name}/{p.name}" for p in EDITIONS]
 README = (ROOT / "README.md").read_text()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 
 WORDS = ROOT / "docs" / "spelling-words.txt"
 DICTIONARIES = "clear,rare,informal,usage,code"  # codespell's own; "code" also knows programmers' slips
@@ -36,7 +36,7 @@ def prose_files() -> list[Path]:
 
 
 def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return inventory.notebooks("en")
 
 
 _FENCE = re.compile(r"^\s*(```|~~~)")

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from course_utils import ROOT, doctor
+from course_utils import ROOT, doctor, inventory
 
 sys.path.insert(0, str(ROOT))
 from tools import workshop  # noqa: E402
 
 GUIDE = ROOT / "docs" / "instructor"
 PAGES = "docs/instructor"  # as the check names them
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = inventory.notebooks("en")
 CHAPTERS = [nb.stem for nb in NOTEBOOKS]
 FAILURES = "When a laptop fails"
 DOCTOR = "python -m course_utils doctor --workshop"
@@ -68,7 +68,7 @@ def _headings(notebook) -> list[str]:
 
 
 def test_one_page_per_notebook_and_an_index():
-    pages = sorted(p.stem for p in GUIDE.glob("[0-9][0-9]_*.md"))
+    pages = sorted(p.stem for p in GUIDE.glob("*.md") if re.fullmatch(r"\d\d_\w+", p.stem))
     assert pages == CHAPTERS
     index = (GUIDE / "README.md").read_text(encoding="utf-8")
     for page in [*CHAPTERS, "answer-key"]:
@@ -163,7 +163,7 @@ def _failure_rows(page: str) -> list[list[str]]:
 
 def test_failure_tables_name_real_doctor_checks():
     checks = _doctor_checks()
-    paths = [GUIDE / "README.md", *GUIDE.glob("[0-9][0-9]_*.md")]
+    paths = [GUIDE / "README.md", *(GUIDE / f"{chapter}.md" for chapter in CHAPTERS)]
     pages = {p.name: p.read_text(encoding="utf-8") for p in paths}
     for name, page in pages.items():
         for row in _failure_rows(page):

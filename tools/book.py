@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from course_utils.inventory import notebooks_in
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "docs" / "book"
 OUT = ROOT / "_build" / "book"
@@ -97,8 +99,8 @@ def load(path: Path) -> dict:
 
 
 def chapters(folder: Path) -> list[Path]:
-    """The chapters of `folder`, in order: its ``NN_topic.ipynb`` files."""
-    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    """The chapters' notebooks in `folder`, in order (``course_utils.inventory``)."""
+    return notebooks_in(folder)
 
 
 def title(nb: dict) -> str:

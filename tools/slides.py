@@ -59,7 +59,7 @@ import struct
 import sys
 from pathlib import Path
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 from tools.notebook import dumps
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -245,7 +245,8 @@ def outline(path: Path) -> str:
 
 
 def notebooks() -> list[Path]:
-    return sorted(p for p in NOTEBOOKS.glob("*.ipynb") if not p.name.startswith("."))
+    """The chapters' notebooks, in order (``course_utils.inventory``)."""
+    return inventory.notebooks_in(NOTEBOOKS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,8 @@ import tomllib
 from pathlib import Path
 
 from course_utils import ROOT
-from tools.notebook import chapters, dumps
+from course_utils.inventory import notebooks_in
+from tools.notebook import dumps
 
 LANG = "zh-CN"
 SOURCE = ROOT / "notebooks"
@@ -94,7 +95,8 @@ def load(path: Path) -> dict:
 
 
 def notebooks() -> list[Path]:
-    return chapters(SOURCE)
+    """The chapters' English notebooks, in order (``course_utils.inventory``)."""
+    return notebooks_in(SOURCE)
 
 
 def translations(name: str) -> dict:

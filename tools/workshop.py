@@ -25,8 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from course_utils import ROOT
-from tools.notebook import chapters
+from course_utils import ROOT, inventory
 
 NOTEBOOKS = ROOT / "notebooks"
 GUIDE = ROOT / "docs" / "instructor"
@@ -40,8 +39,8 @@ def begin(name: str) -> str:
 
 
 def notebooks() -> list[Path]:
-    """The chapters, in order: ``notebooks/NN_topic.ipynb``."""
-    return chapters(NOTEBOOKS)
+    """The chapters' notebooks, in order (``course_utils.inventory``)."""
+    return inventory.notebooks_in(NOTEBOOKS)
 
 
 def page(notebook: Path) -> Path:
@@ -57,19 +56,12 @@ def title(notebook: Path) -> str:
 
 def exercises(notebook: Path) -> list[tuple[str, Any]]:
     """``(variable, exercise)`` for each exercise of the chapter, in its ``EXERCISES`` order; the
-    variable is the name the notebook imports (``q1``...)."""
-    name = f"course_utils.exercises.ch{notebook.stem[:2]}"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
+    variable is the name the notebook imports (``q1``...), as ``course_utils.inventory`` lists it."""
+    chapter = inventory.chapter(notebook.name)
+    if not chapter.exercises:
         return []
-    names: dict[int, str] = {}
-    for key, value in vars(module).items():  # in definition order: the first name bound wins
-        if not key.startswith("_"):
-            names.setdefault(id(value), key)
-    return [(names.get(id(q), q.name.lower()), q) for q in module.EXERCISES]
+    module = importlib.import_module(chapter.exercise_module)
+    return [(name, getattr(module, name)) for name in chapter.exercises]
 
 
 _CODE = re.compile(r"(`+).+?\1")  # a code span, left as it is

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from course_utils import inventory  # noqa: E402
 from deploy.hub import room as room_module  # noqa: E402
 
 room = room_module.Room.load(os.environ.get("COURSE_HUB_STATE") or os.getcwd())
@@ -66,7 +67,8 @@ c.RoomSpawner.home_base = room.home_base
 c.Spawner.cmd = [venv_python, str(here / "start_server.py")]
 c.Spawner.notebook_dir = "~"
 edition = "notebooks-zh" if room.lang == "zh" else "notebooks"
-c.Spawner.default_url = f"/lab/tree/{room_module.COURSE_FOLDER}/{edition}/00_start_here.ipynb"
+first = inventory.CHAPTERS[0].notebook  # the first chapter (00_start_here.ipynb)
+c.Spawner.default_url = f"/lab/tree/{room_module.COURSE_FOLDER}/{edition}/{first}"
 c.Spawner.args = [
     # offline by design, as `make lab`: no news feed, no update check
     "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",

@@ -11,7 +11,7 @@ after its last epoch.
         fails at once: before every collective, each rank compares what it is about to run with
         what the other ranks run, and raises "Detected mismatch between collectives on ranks"; each
         rank prints what it was running, and the job fails as rank 0
-    ... scripts/collective_mismatch.py --fixed
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/collective_mismatch.py --fixed
         every rank makes the broadcast, as every rank runs the wrapper in the fix: the job ends
 
 DETAIL costs a check (itself a collective) before every collective, so it is for debugging, not for

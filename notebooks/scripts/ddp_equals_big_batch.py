@@ -2,7 +2,8 @@
 
 Run from the notebooks/ folder:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/ddp_equals_big_batch.py
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/ddp_equals_big_batch.py --out /tmp/big
+    # --out: a folder for each rank's JSON record (optional)
     # or, in a notebook: course_utils.launch.torchrun("scripts/ddp_equals_big_batch.py", nproc=2)
 
 1. N ranks with batch B each, under DDP, end with the same weights as ONE process that takes

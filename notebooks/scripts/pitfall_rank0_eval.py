@@ -14,7 +14,9 @@ by their order in the process group, not by the line of code that calls them, so
 - after the last epoch, rank 0's evaluation broadcast has no partner: rank 1 has finished and
   waits at the final barrier. Each waits for the other: the job hangs.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/pitfall_rank0_eval.py --eval rank0-wrapper
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/pitfall_rank0_eval.py
+        the default, --eval shard (below): the job ends
+    ... --eval rank0-wrapper
         the bug (the source chapter's loop: ``if rank == 0: evaluate(model)`` after every epoch):
         epoch 0 is evaluated, epoch 1 hangs; stop it with Ctrl+C
     ... --eval shard     every rank evaluates its own slice of the test set through the

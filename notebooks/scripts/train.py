@@ -2,7 +2,7 @@
 
 Runs on the CPU (gloo) and on GPUs (nccl, one process per GPU) unchanged:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/train.py
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/train.py --out-dir /tmp/run
     torchrun --nproc-per-node 8 scripts/train.py --bf16 --compile          # one 8-GPU machine
     python scripts/train.py --help                                          # every flag
 

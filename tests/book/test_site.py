@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from course_utils import inventory
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("COURSE_BOOK_SITE") or ROOT / "_build" / "book").resolve()
 EDITIONS = ("en", "zh-CN")
@@ -53,8 +55,9 @@ def pages(site: Path = SITE) -> list[str]:
                   if not any(part in p.relative_to(site).as_posix() for part in skip))
 
 
-def chapters(edition: str = "en", site: Path = SITE) -> list[str]:
-    return sorted(p.stem for p in (site / edition).glob("[0-9][0-9]_*.html"))
+def chapters() -> list[str]:
+    """The chapters' page names (``course_utils.inventory``): ``00_start_here``..."""
+    return [chapter.stem for chapter in inventory.CHAPTERS]
 
 
 def _outside(url: str) -> bool:

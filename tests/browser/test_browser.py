@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from course_utils import inventory
+
 from .lab import ROOT, START_TIMEOUT_S, browser, chromium_path, course_lab
 
 pytestmark = pytest.mark.skipif(os.environ.get("COURSE_BROWSER_LANE") != "1",
                                 reason="the browser lane: make test-browser")
 
-NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = [chapter.notebook for chapter in inventory.CHAPTERS]
 FAILURES = ROOT / ".browser-failures"
 
 
