@@ -45,13 +45,10 @@ VENV = ROOT / ".venv"
 NOTEBOOKS = ROOT / "notebooks"
 NOTEBOOKS_ZH = ROOT / "notebooks-zh"  # the Chinese edition, built by `python -m tools.translate build`
 REQUIREMENTS = ROOT / "requirements.txt"
-SANITIZE = ROOT / "nbval_sanitize.cfg"
 WHEELHOUSE = ROOT / "wheelhouse"
 MIN_PY = (3, 11)
 PIP_TIMEOUT = 3600  # seconds for one pip step: PyTorch on a slow connection takes long, a stalled one forever
 SETUP_MARK = ".course-setup-incomplete"  # in a venv while set-up fills it: still there means interrupted
-KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is slow, not dead
-CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
 
 
 def die(msg):
@@ -504,18 +501,23 @@ def _port_free(port):
     return True
 
 
-def nbval_args(mode="--nbval"):
-    """nbval's options for every lane; `mode` "--nbval-lax" compares only the tagged cells."""
-    return [mode, "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE),
-            "--nbval-cell-timeout", str(CELL_TIMEOUT), "--nbval-kernel-startup-timeout", str(KERNEL_START_TIMEOUT)]
+def run_lane(name, argv, py=None):
+    """A test lane of tools/lanes.py (its pytest arguments, environment and system needs), run by `py`
+    (default: .venv's Python, set up first)."""
+    py = py or ensure_venv()
+    venv = Path(str(py)).parent.parent
+    return run_foreground([str(py), "-m", "tools.lanes", name] + list(argv), cwd=str(ROOT), env=venv_env(venv))
+
+
+def lane_lacks(name, py, say=False):
+    """Whether this computer lacks a program the lane `name` needs (tools/lanes.py; `say`: print why)."""
+    out = None if say else subprocess.DEVNULL
+    return subprocess.call([str(py), "-m", "tools.lanes", "--missing", name], cwd=str(ROOT), stderr=out) != 0
 
 
 def cmd_test(argv):
     """Unit tests + hygiene tests + strict nbval over every notebook, notebooks in parallel."""
-    ensure_venv()
-    targets = list(argv) or ["tests", "notebooks"] + (["notebooks-zh"] if NOTEBOOKS_ZH.is_dir() else [])
-    args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + targets
-    return in_venv(args, env=dict(os.environ, COURSE_PROGRESS="0"))  # the tests record no progress
+    return run_lane("test", argv)
 
 
 def cmd_test_portable(argv):
@@ -529,9 +531,11 @@ def notebooks_from(argv):
     """The notebooks named, else both editions (the Chinese one rebuilt from the English first)."""
     if argv:
         return [Path(a).resolve() for a in argv]
-    english = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    from course_utils import inventory  # (read once the course's Python is known to run)
+
+    english = inventory.notebooks("en")
     if NOTEBOOKS_ZH.is_dir() and in_venv(["-m", "tools.translate", "build"]) == 0:
-        return english + sorted(NOTEBOOKS_ZH.glob("[0-9][0-9]_*.ipynb"))
+        return english + inventory.notebooks("zh-CN")
     return english
 
 
@@ -559,210 +563,38 @@ def cmd_guide(argv):
     return in_venv(["-m", "tools.workshop"] + list(argv))
 
 
-# The documented normal mode of every script in notebooks/scripts/ (its docstring's command),
-# run from notebooks/. nproc 0: a plain `python SCRIPT`; "{out}" is a fresh folder per run.
-# slurm_ddp.sbatch is covered by the Slurm lane.
-STRESS_SCRIPTS = [
-    ("hello_dist.py", 2, []),
-    ("collectives.py", 2, []),
-    ("sampler_demo.py", 2, []),
-    ("ddp_digits.py", 2, ["--epochs", "10"]),
-    ("ddp_equals_big_batch.py", 2, ["--out", "{out}"]),
-    ("fsdp_demo.py", 2, ["--ckpt", "{out}/ckpt"]),
-    ("pitfall_rank0_eval.py", 2, []),
-    ("collective_mismatch.py", 2, ["--fixed"]),
-    ("spawn_demo.py", 0, []),
-    ("train.py", 2, ["--out-dir", "{out}"]),
-]
-STRESS_LOGS = ROOT / ".stress"
-
-
-def script_command(script, nproc, args, out, py=None, engine="torchrun"):
-    """The terminal command of a script's normal mode (see STRESS_SCRIPTS), run from notebooks/;
-    engine "warm": the course's launcher with ranks forked from its warm server."""
-    py = py or str(venv_python())
-    args = [a.replace("{out}", out) for a in args]
-    if nproc and engine == "warm":
-        return [py, "-m", "course_utils", "launch", "scripts/" + script, "--nproc", str(nproc),
-                "--engine", "warm", "--quiet", "--"] + args
-    cmd = [py, "scripts/" + script] if nproc == 0 else [
-        py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "scripts/" + script]
-    return cmd + args
-
-
-def _show(cmd):
-    shown = ["python" if c == str(venv_python()) else c for c in cmd]
-    return " ".join(re.sub(r".*[/\\]stress-[^/\\]*", "DIR", c) for c in shown)
-
-
-def run_script(script, nproc, args, env, py=None, timeout=600, engine="torchrun"):
-    """Run one script in its normal mode, in a fresh folder for "{out}"; returns (ok, exit code,
-    output, seconds, command shown). It fails on a non-zero exit, a timeout, or an abort message."""
-    import tempfile
-
-    out = tempfile.mkdtemp(prefix="stress-")
-    cmd = script_command(script, nproc, args, out, py=py, engine=engine)
-    t0 = time.time()
-    try:
-        r = subprocess.run(cmd, cwd=str(NOTEBOOKS), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=timeout)
-        text, rc = r.stdout.decode("utf-8", "replace"), r.returncode
-    except subprocess.TimeoutExpired as exc:
-        text, rc = (exc.stdout or b"").decode("utf-8", "replace") + "\n[timed out]", -1
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    ok = rc == 0 and "terminate called" not in text
-    return ok, rc, text, time.time() - t0, _show(cmd)
-
-
-def stress_scripts(runs, timeout=600, only=()):
-    """Run every script `runs` times with torchrun, and the distributed ones `runs` times more with
-    the course's warm launcher; a run fails on a non-zero exit, a timeout, or an abort message in
-    its output. Returns rows (command, runs, failures, median s, failing logs)."""
-    import statistics
-
-    STRESS_LOGS.mkdir(exist_ok=True)
-    rows = []
-    for script, nproc, args in STRESS_SCRIPTS:
-        if only and script not in only:
-            continue
-        for engine in ("torchrun", "warm") if nproc else ("torchrun",):
-            times, failed = [], []
-            shown = None
-            for k in range(runs):
-                ok, rc, text, seconds, shown = run_script(script, nproc, args, venv_env(), timeout=timeout,
-                                                          engine=engine)
-                times.append(seconds)
-                if not ok:
-                    log = STRESS_LOGS / ("%s.%s.run%d.log" % (script, engine, k + 1))
-                    log.write_text("$ %s\nexit code %d\n%s" % (shown, rc, text))
-                    failed.append(str(log.relative_to(ROOT)))
-                print("  %-26s %-8s run %2d/%d  %s  %5.1f s" % (
-                    script, engine, k + 1, runs, "ok  " if ok else "FAIL", seconds), flush=True)
-            rows.append((shown, runs, len(failed), statistics.median(times), failed))
-    return rows
-
-
 def cmd_stress(argv):
-    """Every script N times from a terminal, every notebook M times in a fresh kernel; 0 failures allowed."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python tasks.py stress")
-    parser.add_argument("--script-runs", type=int, default=10)
-    parser.add_argument("--notebook-runs", type=int, default=3)
-    parser.add_argument("--only", choices=["scripts", "notebooks"], default=None)
-    parser.add_argument("--script", action="append", default=[], metavar="NAME",
-                        help="only this script (repeatable), e.g. --script train.py")
-    opts = parser.parse_args(argv)
-    unknown = sorted(set(opts.script) - {s[0] for s in STRESS_SCRIPTS})
-    if unknown:
-        die("unknown script(s) %s; the scripts are: %s" % (", ".join(unknown), ", ".join(s[0] for s in STRESS_SCRIPTS)))
-    if opts.script_runs < 1 or opts.notebook_runs < 1:
-        die("--script-runs and --notebook-runs must be at least 1")
+    """Every script N times from a terminal, every notebook M times in a fresh kernel; 0 failures allowed
+    (tools/stress.py)."""
     ensure_venv()
-    failures = 0
-    if opts.only != "notebooks":
-        print("Scripts, %d run(s) each, from notebooks/ ..." % opts.script_runs, flush=True)
-        rows = stress_scripts(opts.script_runs, only=opts.script)
-        width = max(len(r[0]) for r in rows)
-        print("\n%-*s  %5s  %8s  %8s" % (width, "command", "runs", "failures", "median s"))
-        for shown, runs, nfail, med, logs in rows:
-            print("%-*s  %5d  %8d  %8.1f" % (width, shown, runs, nfail, med))
-            for log in logs:
-                print("    log: " + log)
-            failures += nfail
-    if opts.only != "scripts":
-        print("\nNotebooks, %d run(s) each, in a fresh kernel ..." % opts.notebook_runs, flush=True)
-        rc = in_venv(["-m", "tools.notebook", "stress", "--runs", str(opts.notebook_runs)],
-                     env=dict(os.environ, **NO_PROGRESS))
-        failures += rc != 0
-    print("\nstress: %s" % ("no failure" if failures == 0 else "FAILED"), flush=True)
-    return 0 if failures == 0 else 1
+    return in_venv(["-m", "tools.stress"] + list(argv), env=dict(os.environ, **NO_PROGRESS))
 
 
 def cmd_test_gpu(argv):
-    """The GPU lane, in the Python that runs this (a GPU machine brings its own PyTorch; .venv's
-    pins are not installed there): lax nbval over every notebook (only the cells tagged
-    nbval-check-output are compared, stdout only; any error fails), then every script once with
-    nccl where there is one GPU per rank (one GPU: one nccl rank, and two gloo ranks)."""
-    try:
-        import torch
-    except ImportError:
-        die("the GPU lane runs in the Python that has the machine's PyTorch; this one has no torch.")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    print("GPU lane: torch %s, %d GPU(s), Python %s" % (torch.__version__, gpus, sys.version.split()[0]),
-          flush=True)
-    env = dict(os.environ, COURSE_GPU_LANE="1", COURSE_PROGRESS="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"] + nbval_args("--nbval-lax")
-    rc = subprocess.call(args + list(argv or [str(NOTEBOOKS)]), cwd=str(ROOT), env=env)
-    runs = []  # (script, nproc, backend)
-    for script, nproc, sargs in STRESS_SCRIPTS:
-        if nproc == 0:
-            runs.append((script, 0, None, sargs))
-        elif gpus >= nproc:
-            runs.append((script, nproc, "nccl", sargs))
-        else:
-            if gpus >= 1:
-                runs.append((script, 1, "nccl", sargs))
-            runs.append((script, nproc, "gloo", sargs))
-
-    failed = []
-    for script, nproc, backend, sargs in runs:
-        run_env = dict(env, COURSE_BACKEND=backend) if backend else env
-        ok, _, text, seconds, _ = run_script(script, nproc, sargs, run_env, py=sys.executable)
-        print("  %-26s %-5s x%d  %s  %5.1f s" % (script, backend or "-", max(nproc, 1), "ok" if ok else "FAIL",
-                                                  seconds), flush=True)
-        if not ok:
-            failed.append(script)
-            print(text[-3000:])
-    print("GPU lane: notebooks %s; scripts %d/%d ok" % ("ok" if rc == 0 else "FAILED", len(runs) - len(failed),
-                                                        len(runs)), flush=True)
-    return 0 if rc == 0 and not failed else 1
-
-
-SPAWN_NOTEBOOKS = ("03_data_loading.ipynb", "04_distributed.ipynb", "05_full_pipeline.ipynb", "06_pitfalls.ipynb")
+    """The GPU lane (tools/lanes.py), in the Python that runs this: a GPU machine brings its own PyTorch;
+    .venv's pins are not installed there."""
+    return subprocess.call([sys.executable, "-m", "tools.lanes", "test-gpu"] + list(argv), cwd=str(ROOT))
 
 
 def cmd_test_spawn(argv):
     """The notebooks that start processes, run as on Windows and macOS: every process starts with
     spawn and fork does not exist (tests/spawn_only/sitecustomize.py). Outputs that name the start
     method differ there, so the run is lax: any error fails, and the tagged cells are compared."""
-    ensure_venv()
-    env = dict(os.environ, COURSE_PROGRESS="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests" / "spawn_only"), env.get("PYTHONPATH")) if p)
-    targets = list(argv) or [str(NOTEBOOKS / n) for n in SPAWN_NOTEBOOKS]
-    args = ["-m", "pytest", "-p", "no:cacheprovider"] + nbval_args("--nbval-lax") + ["-n", "2", "--dist", "loadfile"] + targets
-    return in_venv(args, env=env)
+    return run_lane("test-spawn", argv)
 
 
 def cmd_test_slurm(argv):
     """Chapter 04's sbatch file, unmodified, on a real Slurm cluster of two emulated nodes on this
     machine (tests/slurm/): needs Debian's `slurm-wlm` and `munge`; run as the user the daemons may
     run as (root in CI)."""
-    ensure_venv()
-    missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch")
-               if not shutil.which(p) and not Path("/usr/sbin", p).exists()]
-    if missing:
-        die("the Slurm lane needs %s: on Debian or Ubuntu `apt-get install --no-install-recommends "
-            "slurm-wlm munge`." % ", ".join(missing))
-    env = dict(os.environ, COURSE_SLURM_LANE="1", COURSE_PROGRESS="0")
-    env["PATH"] = os.pathsep.join([str(venv_python().parent), env.get("PATH", "")])  # the job runs `python`
-    args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "slurm")] + list(argv)
-    return in_venv(args, env=env)
+    return run_lane("test-slurm", argv)
 
 
 def cmd_test_browser(argv):
     """Every notebook in the course's own JupyterLab, in headless Chromium through Playwright: Run All
     as a learner would, then every widget used (tests/browser/). Needs Chromium (`apt-get install
     chromium`); Playwright is in the pinned requirements and drives the system browser."""
-    ensure_venv()
-    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
-        die("the browser lane needs Chromium: on Debian or Ubuntu `apt-get install chromium`.")
-    env = dict(os.environ, COURSE_BROWSER_LANE="1", COURSE_PROGRESS="0")
-    env.pop("JUPYTER_TOKEN", None)
-    args = ["-m", "pytest", "-p", "no:cacheprovider", "-s", str(ROOT / "tests" / "browser")] + list(argv)
-    return in_venv(args, env=env)
+    return run_lane("test-browser", argv)
 
 
 # --- the workshop room: JupyterHub on one server (deploy/hub/, docs/instructor/hub.md) ---------------
@@ -999,19 +831,14 @@ def cmd_test_hub(argv):
     py = ensure_venv()
     ensure_hub_packages(py)
     ensure_proxy()
-    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+    if lane_lacks("test-hub", py):
         if shutil.which("apt-get"):
             print("Installing Chromium (apt-get install chromium) for the login through the browser ...", flush=True)
             env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
             subprocess.run(["apt-get", "update", "-qq"], env=env, timeout=600)
             subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"], env=env,
                            timeout=900)
-        if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
-            die("the hub lane needs Chromium: on Debian or Ubuntu `apt-get install chromium`.")
-    env = dict(os.environ, COURSE_HUB_LANE="1", COURSE_PROGRESS="0")
-    env.pop("JUPYTER_TOKEN", None)
-    targets = [str(ROOT / "tests" / "test_hub.py"), str(ROOT / "tests" / "hub")] + list(argv)
-    return in_venv(["-m", "pytest", "-p", "no:cacheprovider", "-s"] + targets, env=env)
+    return run_lane("test-hub", argv, py=py)
 BOOK_VENV = ROOT / ".venv-book"
 BOOK_REQUIREMENTS = ROOT / "docs" / "book" / "requirements.txt"
 
@@ -1052,14 +879,12 @@ def cmd_test_book(argv):
     on localhost with no request leaving it, images, math, console, search, the language switch, axe-core's
     scan and every internal link. Needs Chromium (`apt-get install chromium`)."""
     py = ensure_book_venv()
-    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
-        die("the book's checks need Chromium: on Debian or Ubuntu `apt-get install chromium`.")
+    if lane_lacks("test-book", py, say=True):
+        return 2
     rc = subprocess.call([str(py), "-m", "tools.book", "build"], cwd=str(ROOT))
     if rc != 0:
         return rc
-    env = dict(os.environ, COURSE_BOOK_LANE="1")
-    args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", str(ROOT / "tests" / "book")] + list(argv)
-    return subprocess.call(args, cwd=str(ROOT), env=env)
+    return run_lane("test-book", argv, py=py)
 
 
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -1119,9 +944,8 @@ def cmd_test_pythons(argv):
         if opts.setup_only:
             rows.append((v, 0, t1 - t0, 0.0))
             continue
-        args = ["-m", "pytest"] + nbval_args() + ["-n", "2", "--dist", "loadfile"] + (rest or ["tests", "notebooks"])
-        rc = subprocess.call([str(py)] + args, cwd=str(ROOT),
-                             env=venv_env(py.parent.parent, base=dict(os.environ, COURSE_PROGRESS="0")))
+        rc = subprocess.call([str(py), "-m", "tools.lanes", "test-pythons"] + rest, cwd=str(ROOT),
+                             env=venv_env(py.parent.parent))
         rows.append((v, rc, t1 - t0, time.time() - t1))
     print("\n%-8s %-8s %10s %10s" % ("Python", "result", "install s", "suite s"))
     for v, rc, inst, suite in rows:

@@ -15,26 +15,35 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 from course_utils.doctor import read_pins
 
 sys.path.insert(0, str(ROOT))
 import tasks  # noqa: E402
+from tools import lanes  # noqa: E402
 
 
 def test_layout_one_module_per_chapter_and_the_map_is_complete():
-    """course_utils has one module per notebook, named after it (chNN_topic.py for NN_topic.ipynb), each with
-    its test file; every other module is a shared one listed in CONTRIBUTING.md's map, and nothing else is."""
-    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    modules = sorted(p.stem for p in (ROOT / "course_utils").glob("*.py") if not p.stem.startswith("__"))
+    """course_utils has one module per notebook, named after it (chNN_topic.py for NN_topic.ipynb), each
+    with its test file; every other module, every package and every module of a package (but a chapter's
+    exercises, exercises/chNN) is listed in CONTRIBUTING.md's map, and nothing else is."""
+    notebooks = [chapter.stem for chapter in inventory.CHAPTERS]
+    package = ROOT / "course_utils"
+    modules = sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("__"))
     chapters = [m for m in modules if re.fullmatch(r"ch\d\d_\w+", m)]
     assert chapters == [f"ch{nb}" for nb in notebooks]
     missing_tests = [m for m in chapters if not (ROOT / "tests" / f"test_{m}.py").exists()]
     assert not missing_tests, f"chapter modules without a test file: {missing_tests}"
+    packages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").exists())
+    inside = {f"{pkg}/{m.stem}" for pkg in packages for m in (package / pkg).glob("*.py")
+              if not m.stem.startswith("__") and not re.fullmatch(r"ch\d\d", m.stem)}
     contributing = (ROOT / "CONTRIBUTING.md").read_text()
     mapped = set(re.findall(r"^\| `([\w/]+)`", contributing, re.MULTILINE))
     shared = set(modules) - set(chapters)
-    assert shared | {"exercises/"} == mapped - {"ch00_start_here"}, "CONTRIBUTING.md's map and course_utils differ"
+    expected = shared | {f"{pkg}/" for pkg in packages} | inside
+    assert expected == mapped - {"ch00_start_here"}, (
+        f"CONTRIBUTING.md's map and course_utils differ: not in the map {sorted(expected - mapped)}, "
+        f"not in course_utils {sorted(mapped - expected - {'ch00_start_here'})}")
     assert not (ROOT / "course_utils" / "notebook.py").exists(), "authors' tooling lives in tools/, not in the package"
 
 
@@ -71,10 +80,12 @@ def test_make_targets_call_the_task_runner():
 
 
 def test_test_command_is_strict_parallel_nbval():
-    args = tasks.nbval_args()
+    args = lanes.pytest_command(lanes.LANES["test"])
     assert "--nbval" in args and "--nbval-lax" not in args
     assert args[args.index("--nbval-sanitize-with") + 1].endswith("nbval_sanitize.cfg")
     assert int(args[args.index("--nbval-cell-timeout") + 1]) <= 600
+    assert args[args.index("-n") + 1] == "2" and args[args.index("--dist") + 1] == "loadfile"
+    assert args[-3:] == ["tests", "notebooks", "notebooks-zh"]
 
 
 def test_stamp_is_keyed_on_requirements(tmp_path, monkeypatch):
@@ -178,7 +189,7 @@ def test_nbval_fails_when_a_stored_output_is_changed(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir, whatever lies above
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--rootdir", str(tmp_path), "-p", "no:cacheprovider",
-         "-p", "no:xdist", *tasks.nbval_args(),
+         "-p", "no:xdist", *lanes.nbval_args(),
          "changed.ipynb", "unchanged.ipynb"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )

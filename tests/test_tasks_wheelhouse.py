@@ -167,16 +167,20 @@ def test_check_wheelhouse_without_a_wheelhouse_says_what_to_run(course, capsys):
 
 
 def test_lab_records_progress_and_the_tests_do_not(monkeypatch):
-    envs = []
+    from tools import lanes
+
+    envs, commands = [], []
     monkeypatch.setattr(tasks, "ensure_venv", lambda *a, **k: Path("python"))
-    monkeypatch.setattr(tasks, "run_foreground", lambda args, **kw: envs.append(kw["env"]) or 0)
-    monkeypatch.setattr(tasks, "in_venv", lambda args, **kw: envs.append(kw["env"]) or 0)
+    monkeypatch.setattr(tasks, "run_foreground",
+                        lambda args, **kw: commands.append(args) or envs.append(kw["env"]) or 0)
     monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
     monkeypatch.delenv("COURSE_PROGRESS", raising=False)
     tasks.cmd_lab(["--no-browser"])
     tasks.cmd_test([])
     tasks.cmd_test_spawn([])
-    assert [e["COURSE_PROGRESS"] for e in envs] == ["1", "0", "0"]
+    assert envs[0]["COURSE_PROGRESS"] == "1"
+    assert [c[1:4] for c in commands[1:]] == [["-m", "tools.lanes", "test"], ["-m", "tools.lanes", "test-spawn"]]
+    assert {lanes.environment(lane, {})["COURSE_PROGRESS"] for lane in lanes.LANES.values()} == {"0"}
     monkeypatch.setenv("COURSE_PROGRESS", "0")  # a learner's (or the browser lane's) explicit 0 wins
     tasks.cmd_lab(["--no-browser"])
     assert envs[-1]["COURSE_PROGRESS"] == "0"

@@ -29,13 +29,14 @@ import time
 from pathlib import Path
 
 from course_utils import ROOT
+from course_utils.inventory import notebooks_in
 
 NOTEBOOKS = ROOT / "notebooks"
 
 
 def chapters(folder: Path = NOTEBOOKS) -> list[Path]:
-    """The chapters of `folder`, in order: its ``NN_topic.ipynb`` files."""
-    return sorted(Path(folder).glob("[0-9][0-9]_*.ipynb"))
+    """The chapters' notebooks in `folder`, in order (``course_utils.inventory``)."""
+    return notebooks_in(folder)
 
 
 def dumps(nb: dict) -> str:
@@ -207,28 +208,20 @@ def _run_copy(p: Path) -> float:
         os.unlink(tmp.name)
 
 
-def stress(paths: list[Path], runs: int = 3, log_dir: Path | None = None) -> list[tuple[str, int, int, float]]:
-    """Execute each notebook `runs` times, counting failures instead of stopping at the first;
-    (name, runs, failures, median seconds of all runs). A failure's error goes to `log_dir`."""
-    log_dir = log_dir or ROOT / ".stress"
-    log_dir.mkdir(exist_ok=True)
-    rows = []
-    for p in paths:
-        times, failures = [], 0
-        for k in range(runs):
-            t0 = time.perf_counter()
-            try:
-                _run_copy(p)
-                status = "ok  "
-            except Exception as exc:  # a cell error, a timeout, a dead kernel: all count
-                failures += 1
-                log = log_dir / f"{p.stem}.run{k + 1}.log"
-                log.write_text(relativise(f"{type(exc).__name__}: {exc}"))
-                status = f"FAIL (log: {log.relative_to(ROOT)})"
-            times.append(time.perf_counter() - t0)
-            print(f"  {p.name:26s} run {k + 1:2d}/{runs}  {times[-1]:5.1f} s  {status}", flush=True)
-        rows.append((p.name, runs, failures, statistics.median(times)))
-    return rows
+def stress(paths: list[Path], runs: int = 3) -> list:
+    """Execute each notebook `runs` times, counting failures instead of stopping at the first
+    (``tools.stress.repeat``); a failure's error goes to ``.stress/``. One row per notebook."""
+    from tools.stress import repeat
+
+    def once(p: Path) -> tuple[bool, str]:
+        try:
+            _run_copy(p)
+        except Exception as exc:  # a cell error, a timeout, a dead kernel: all count
+            return False, relativise(f"{type(exc).__name__}: {exc}")
+        return True, ""
+
+    return [repeat(p.name, p.name, runs, lambda p=p: once(p), lambda k, p=p: f"{p.stem}.run{k}.log")
+            for p in paths]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,12 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         print("--runs must be at least 1", file=sys.stderr)
         return 2
     if args.cmd == "stress":
+        from tools.stress import table
+
         srows = stress(paths, args.runs)
-        width = max(len(r[0]) for r in srows)
-        print(f"\n{'notebook':{width}s}  {'runs':>4s}  {'failures':>8s}  {'median s':>8s}")
-        for name, n, nfail, med in srows:
-            print(f"{name:{width}s}  {n:4d}  {nfail:8d}  {med:8.1f}")
-        return 1 if any(r[2] for r in srows) else 0
+        print("\n" + table(srows, "notebook"))
+        return 1 if any(r.failed for r in srows) else 0
     print(f"Executing each notebook {args.runs} time(s) in a fresh kernel on {os.cpu_count()} CPU cores ...", flush=True)
     rows = bench(paths, args.runs)
     width = max(len(r[0]) for r in rows)

@@ -24,6 +24,7 @@ it is skipped and said so; on a processor other than x86-64 the x86 switches mea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils import ROOT
+from tools import lanes
 
 X86 = platform.machine().lower() in ("x86_64", "amd64", "x86-64")
 
@@ -100,14 +102,12 @@ def cell_ids(nodeid: str) -> str:
 
 def run_level(level: Level, targets: list[str], workers: int) -> tuple[int, list[str], float]:
     """Strict nbval of `targets` at `level`; (pytest's exit code, the cells that differed, seconds)."""
-    from tasks import nbval_args
-
-    env = dict(os.environ, COURSE_PROGRESS="0", **level.env)
+    env = {**lanes.environment(lanes.LANES["test"]), **level.env}
     with tempfile.TemporaryDirectory(prefix="portable-") as tmp:
         junit = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", *nbval_args(),
-               "-n", str(workers), "--dist", "loadfile", f"--junitxml={junit}", "-o", "junit_family=xunit1",
-               *targets]
+        options = ("-p", "no:cacheprovider", "-q", "-rN", "-n", str(workers), "--dist", "loadfile",
+                   f"--junitxml={junit}", "-o", "junit_family=xunit1")
+        cmd = lanes.pytest_command(dataclasses.replace(lanes.LANES["test"], options=options), targets)
         first = min(os.sched_getaffinity(0)) if level.one_core else None
         pin = (lambda: os.sched_setaffinity(0, {first})) if level.one_core else None
         t0 = time.perf_counter()
