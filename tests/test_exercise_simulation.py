@@ -24,6 +24,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# autograd's names bound at import, as a learner's module may bind them
+from torch.autograd import backward as backward_bound_at_import
+from torch.autograd import grad as grad_bound_at_import
 from torch.utils.data import (
     DataLoader,
     Dataset,
@@ -244,6 +248,11 @@ def _hv(f, x, v):
     return g, torch.autograd.grad((g * v).sum(), x)[0]
 
 
+def _hessian_rows(f, x, v):
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return torch.stack([torch.autograd.grad(gi, x, retain_graph=True)[0] @ v for gi in g])
+
+
 def _hvp_backward(f, x, v):
     (g,) = torch.autograd.grad(f(x), x, create_graph=True)
     (g * v).sum().backward()
@@ -263,11 +272,17 @@ CH01_Q3 = {
         "g @ v": lambda: lambda f, x, v: torch.autograd.grad(
             torch.autograd.grad(f(x), x, create_graph=True)[0] @ v, x
         )[0],
+        "torch.func: forward over reverse": lambda: lambda f, x, v: torch.func.jvp(torch.func.grad(f), (x,), (v,))[1],
+        "torch.func: reverse over reverse": lambda: lambda f, x, v: torch.func.vjp(torch.func.grad(f), x)[1](v)[0],
     },
     "wrong": {
         "hard-coded for the old check's input": lambda: lambda f, x, v: torch.tensor(
             [4.0, 12.25, -6.0], dtype=torch.float64
         ),
+        "the Hessian from torch.func, then @ v": lambda: lambda f, x, v: torch.func.hessian(f)(x) @ v,
+        "the Hessian row by row, each row @ v": lambda: _hessian_rows,
+        "the Hessian, vectorised, then @ v": lambda: lambda f, x, v: torch.autograd.functional.hessian(
+            f, x, vectorize=True) @ v,
         "returns (g * v).sum()": lambda: lambda f, x, v: (_hv(f, x, v)[0] * v).sum().detach(),
         "hv * v": lambda: lambda f, x, v: _hv(f, x, v)[1] * v,
         "half of it": lambda: lambda f, x, v: _hv(f, x, v)[1] / 2,
@@ -395,6 +410,11 @@ CH02_Q1 = {
                                                      "c": nn.Linear(64, 10)})),
             lambda m, x: m.d["c"](torch.relu(m.d["b"](torch.relu(m.d["a"](x.reshape(len(x), -1)))))),
         ),
+        "its own initialisation (kaiming_uniform_ on the hidden layers)": lambda: _net(
+            lambda m: (_three_attr(m), [nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu")
+                                        for layer in (m.fc1, m.fc2)]),
+            lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
+        ),
         "add_module in a loop": lambda: _net(
             lambda m: [m.add_module(f"l{i}", nn.Linear(a, b)) for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
             lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
@@ -446,6 +466,9 @@ CH02_Q2 = {
         "a keyword argument": lambda: _scale(
             lambda m, f: m.register_buffer(name="factor", tensor=f, persistent=False), lambda m, x: x * m.factor
         ),
+        "nn.Buffer(..., persistent=False)": lambda: _scale(
+            lambda m, f: setattr(m, "factor", nn.Buffer(f, persistent=False)), lambda m, x: x * m.factor
+        ),
     },
     "wrong": {
         "adds instead of multiplying": lambda: _scale(_buf(), lambda m, x: x + m.factor),
@@ -453,8 +476,27 @@ CH02_Q2 = {
         "a buffer named scale": lambda: _scale(_buf("scale"), lambda m, x: x * m.scale),
         "multiplies by the sum": lambda: _scale(_buf(), lambda m, x: x * m.factor.sum()),
         "identity forward": lambda: _scale(_buf(), lambda m, x: x),
+        "multiplies by a plain alias of the buffer": lambda: _scale(
+            lambda m, f: (m.register_buffer("factor", f, persistent=False), setattr(m, "f", f)),
+            lambda m, x: x * m.f),
+        "x *= self.factor": lambda: _scale(_buf(), lambda m, x: x.mul_(m.factor)),
+        "a persistent buffer hidden by state_dict()": lambda: _HiddenStateDict,
     },
 }
+
+
+class _HiddenStateDict(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.register_buffer("factor", factor)
+
+    def state_dict(self, *args, **kwargs):
+        out = super().state_dict(*args, **kwargs)
+        out.pop("factor", None)
+        return out
+
+    def forward(self, x):
+        return x * self.factor
 
 CH02_Q3 = {
     "right": {
@@ -506,6 +548,7 @@ CH02_Q4 = {
         "a tuple of pairs": lambda: _rec(fmt=tuple),
         "len(children) == 0": lambda: _rec(select=lambda m: len(list(m.children())) == 0),
         "sizes via size()": lambda: _rec(what=lambda i, o: tuple(o.size())),
+        "a context manager that removes its hooks": lambda: _rec_context,
     },
     "wrong": {
         "hard-coded for the old check's input": lambda: lambda model, x: (
@@ -515,8 +558,41 @@ CH02_Q4 = {
         "only the top-level children": lambda: _rec(top=True),
         "batch dimension dropped": lambda: _rec(drop_batch=True),
         "a dict": lambda: _rec(fmt=dict),
+        "a global forward hook, never removed": lambda: _rec_global,
+        "no hooks: each leaf called in turn": lambda: _rec_by_hand,
+        "hooks never removed": lambda: _rec(remove=False),
     },
 }
+
+
+def _rec_context(model, x):
+    from contextlib import ExitStack
+
+    shapes = []
+    with ExitStack() as stack:
+        for name, module in model.named_modules():
+            if next(module.children(), None) is None:
+                handle = module.register_forward_hook(lambda m, i, o, name=name: shapes.append((name, o.shape)))
+                stack.callback(handle.remove)
+        model(x)
+    return shapes
+
+
+def _rec_global(model, x):
+    shapes, names = [], {m: n for n, m in model.named_modules() if not list(m.children())}
+    nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: shapes.append((names[m], tuple(o.shape))) if m in names else None)
+    model(x)
+    return shapes
+
+
+def _rec_by_hand(model, x):
+    shapes = []
+    for name, module in model.named_modules():
+        if not list(module.children()):
+            x = module(x)
+            shapes.append((name, tuple(x.shape)))
+    return shapes
 
 # ------------------------------------------------------------------------------ ch03
 
@@ -948,6 +1024,10 @@ CH06_Q1 = {
         "an nn.ReLU module": lambda: _net6(
             lambda m: (_two(m), setattr(m, "act", nn.ReLU())), lambda m, x: m.fc2(m.act(m.fc1(x)))
         ),
+        "its own initialisation (kaiming_normal_)": lambda: _net6(
+            lambda m: (_two(m), nn.init.kaiming_normal_(m.fc1.weight, nonlinearity="relu")),
+            lambda m, x: m.fc2(torch.relu(m.fc1(x))),
+        ),
         "add_module": lambda: _net6(
             lambda m: (m.add_module("a", nn.Linear(784, 32)), m.add_module("b", nn.Linear(32, 10))),
             lambda m, x: m.b(m.a(x).clamp(min=0)),
@@ -1104,8 +1184,25 @@ CH03_Q5 = {
         "the slowest epoch of each setting": lambda: _q5_rule(stat=max),
         "returns the best median time": lambda: lambda seconds: min(sorted(t)[len(t) // 2] for t in seconds.values()),
         "returns every candidate": lambda: _q5_rule(pick=lambda within: within, out=list),
+        "greedy: more workers while the next is 5% faster, stop at the first that is not": lambda: _q5_greedy(stop=True),
+        "greedy: more workers while the next is 5% faster than the kept one": lambda: _q5_greedy(stop=False),
     },
 }
+
+
+def _q5_greedy(stop):
+    def pick_num_workers(seconds):
+        medians = {w: sorted(t)[len(t) // 2] for w, t in sorted(seconds.items())}
+        order = list(medians)
+        pick = order[0]
+        for w in order[1:]:
+            if medians[w] < medians[pick] / 1.05:
+                pick = w
+            elif stop:
+                break
+        return pick
+
+    return pick_num_workers
 SIMULATION[("ch03", "q5")] = CH03_Q5
 
 
@@ -1114,7 +1211,7 @@ SIMULATION[("ch03", "q5")] = CH03_Q5
 
 def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else None, skip_none=True,
         sign=1.0, key=lambda leaf: leaf, first_input_only=False, grad_mode=False):
-    """A recursive walk of out.grad_fn (the simulated learners' answers vary its parts)."""
+    """A recursive walk of out.grad_fn, once per path (the simulated learners' answers vary its parts)."""
 
     def backward_walk(out):
         grads = {}
@@ -1140,8 +1237,81 @@ def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else N
     return backward_walk
 
 
-def _bw_topological(out):
-    """Engine-style: order the nodes, then send each gradient once, summed over its consumers."""
+def _zeros(meta):
+    return torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+
+
+def _engine(order="stack", missing="zeros", grad_mode=False, flat=False):
+    """The engine's algorithm (dependencies, a buffer slot per (node, input_nr), one call per node), in the
+    forms a learner may write it: ready nodes from a stack, a queue or a heap by sequence number; unreached
+    slots as zeros or None (the engine's undefined gradient); one dict per node or one flat dict."""
+    import heapq
+    from collections import deque
+
+    def backward_walk(out):
+        deps, seen, todo = {}, {out.grad_fn}, [out.grad_fn]
+        while todo:
+            for child, _ in todo.pop().next_functions:
+                if child is not None:
+                    deps[child] = deps.get(child, 0) + 1
+                    if child not in seen:
+                        seen.add(child)
+                        todo.append(child)
+        slots = {}  # (node, input_nr) -> gradient, when flat; node -> {input_nr: gradient} otherwise
+
+        def put(node, i, g):
+            if flat:
+                slots[node, i] = slots[node, i] + g if (node, i) in slots else g
+            else:
+                box = slots.setdefault(node, {})
+                box[i] = box[i] + g if i in box else g
+
+        def take_all(node, n):
+            got = [slots.pop((node, i), None) for i in range(n)] if flat else [
+                slots.get(node, {}).get(i) for i in range(n)]
+            return got
+
+        put(out.grad_fn, 0, torch.ones_like(out))
+        ready, tick = deque([out.grad_fn]) if order == "queue" else [], 0
+        if order == "heap":
+            ready = [(-out.grad_fn._sequence_nr(), 0, out.grad_fn)]
+        elif order == "stack":
+            ready = [out.grad_fn]
+        grads = {}
+        with torch.set_grad_enabled(grad_mode):
+            while ready:
+                if order == "heap":
+                    node = heapq.heappop(ready)[2]
+                elif order == "queue":
+                    node = ready.popleft()
+                else:
+                    node = ready.pop()
+                metas = node._input_metadata
+                inputs = take_all(node, len(metas))
+                if type(node).__name__ == "AccumulateGrad":
+                    grads[node.variable] = inputs[0]
+                    continue
+                if missing == "zeros":
+                    inputs = [_zeros(m) if g is None else g for g, m in zip(inputs, metas, strict=True)]
+                sent = node(*inputs)
+                for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                    if child is None:
+                        continue
+                    put(child, i, g)
+                    deps[child] -= 1
+                    if deps[child] == 0:
+                        tick += 1
+                        if order == "heap":
+                            heapq.heappush(ready, (-child._sequence_nr(), tick, child))
+                        else:
+                            ready.append(child)
+        return grads
+
+    return backward_walk
+
+
+def _bw_topological_one_slot(out):
+    """Engine order, but one gradient per node: a node with several outputs (unbind) gets one argument."""
     order, seen = [], set()
 
     def dfs(node):
@@ -1168,8 +1338,37 @@ def _bw_topological(out):
     return grads
 
 
+def _bw_topological(out):
+    """Engine-style through a topological order (depth-first post-order, reversed), a slot per input_nr."""
+    order, seen = [], set()
+
+    def dfs(node):
+        if node is None or node in seen:
+            return
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            dfs(nxt)
+        order.append(node)
+
+    dfs(out.grad_fn)
+    incoming = {(out.grad_fn, 0): torch.ones_like(out)}
+    grads = {}
+    with torch.no_grad():
+        for node in reversed(order):
+            metas = node._input_metadata
+            grads_in = [incoming.pop((node, i), None) for i in range(len(metas))]
+            if type(node).__name__ == "AccumulateGrad":
+                grads[node.variable] = grads_in[0]
+                continue
+            sent = node(*[_zeros(m) if g is None else g for g, m in zip(grads_in, metas, strict=True)])
+            for (nxt, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if nxt is not None:
+                    incoming[nxt, i] = incoming[nxt, i] + g if (nxt, i) in incoming else g
+    return grads
+
+
 def _bw_stack(out):
-    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=."""
+    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=: per path."""
     grads, stack = {}, [(out.grad_fn, torch.ones_like(out))]
     with torch.no_grad():
         while stack:
@@ -1185,15 +1384,123 @@ def _bw_stack(out):
     return grads
 
 
+def _bw_visited(out):
+    grads, seen = {}, set()
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            grads[node.variable] = grads[node.variable] + grad if node.variable in grads else grad
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        sent = node(grad)
+        for (nxt, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _bw_plus_equals(out):
+    grads = {}
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            if node.variable in grads:
+                grads[node.variable] += grad  # into a tensor AddBackward0 may have handed to another leaf
+            else:
+                grads[node.variable] = grad
+            return
+        sent = node(grad)
+        for (nxt, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _bw_engine_plus_equals(out):
+    """The engine's algorithm, summing into the buffer in place."""
+    grads_ = {}
+    deps, seen, todo = {}, {out.grad_fn}, [out.grad_fn]
+    while todo:
+        for child, _ in todo.pop().next_functions:
+            if child is not None:
+                deps[child] = deps.get(child, 0) + 1
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+    slots, ready = {out.grad_fn: {0: torch.ones_like(out)}}, [out.grad_fn]
+    with torch.no_grad():
+        while ready:
+            node = ready.pop()
+            box = slots.pop(node)
+            if hasattr(node, "variable"):
+                grads_[node.variable] = box[0]
+                continue
+            sent = node(*[box[i] if i in box else _zeros(m) for i, m in enumerate(node._input_metadata)])
+            for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if child is None:
+                    continue
+                b = slots.setdefault(child, {})
+                if i in b:
+                    b[i] += g
+                else:
+                    b[i] = g
+                deps[child] -= 1
+                if deps[child] == 0:
+                    ready.append(child)
+    return grads_
+
+
+def _bw_bound_grad(out):
+    """torch.autograd.grad through a name bound when this module was imported: no patch reaches it."""
+    leaves = [n.variable for n in _all_nodes(out) if hasattr(n, "variable")]
+    return dict(zip(leaves, grad_bound_at_import(out, leaves, retain_graph=True), strict=True))
+
+
+def _bw_bound_backward(out):
+    leaves = [n.variable for n in _all_nodes(out) if hasattr(n, "variable")]
+    backward_bound_at_import(out)
+    return {leaf: leaf.grad.clone() for leaf in leaves}
+
+
+def _all_nodes(out):
+    found, stack = {}, [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and id(node) not in found:
+            found[id(node)] = node
+            stack += [n for n, _ in node.next_functions]
+    return list(found.values())
+
+
 CH01_Q5 = {
     "right": {
-        "recursive, under no_grad": lambda: _bw(),
-        "recursive, grad mode on (the gradients carry a grad_fn)": lambda: _bw(grad_mode=True),
-        "engine order (topological), each node once": lambda: _bw_topological,
-        "an explicit stack, zeros_like then +=": lambda: _bw_stack,
-        "leaves found by type name": lambda: _bw(leaf_of=lambda n: n.variable if type(n).__name__ == "AccumulateGrad" else None),
+        "the engine: ready nodes from a stack, zeros for unreached slots": lambda: _engine(),
+        "the engine: ready nodes from a queue, None for unreached slots": lambda: _engine(order="queue", missing="none"),
+        "the engine: a heap by sequence number, as the real engine orders them": lambda: _engine(order="heap"),
+        "the engine: one flat dict keyed by (node, input_nr)": lambda: _engine(flat=True),
+        "the engine, grad mode on (the gradients carry a grad_fn)": lambda: _engine(grad_mode=True),
+        "a topological order (depth-first), a slot per input_nr": lambda: _bw_topological,
     },
     "wrong": {
+        "per path, recursive, under no_grad (the old model answer)": lambda: _bw(),
+        "per path, an explicit stack, zeros_like then +=": lambda: _bw_stack,
+        "per path, grad mode on": lambda: _bw(grad_mode=True),
+        "a visited set: each inner node entered once": lambda: _bw_visited,
+        "per path, grads[leaf] += g": lambda: _bw_plus_equals,
+        "the engine, summing in place (+=)": lambda: _bw_engine_plus_equals,
+        "engine order, one gradient per node (no slots)": lambda: _bw_topological_one_slot,
+        "torch.autograd.grad bound before the check": lambda: _bw_bound_grad,
+        "torch.autograd.backward bound before the check": lambda: _bw_bound_backward,
         "starts from a zero gradient": lambda: _bw(start=0.0),
         "starts from 2": lambda: _bw(start=2.0),
         "signs flipped (a descent step, not a gradient)": lambda: _bw(sign=-1.0),
@@ -1214,6 +1521,9 @@ class Hang(BaseException):
 
 def _session_state():
     return {
+        "global module hooks": sum(len(getattr(nn.modules.module, d)) for d in (
+            "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+            "_global_backward_hooks")),
         "torch rng": torch.get_rng_state(),
         "numpy rng": np.random.get_state()[1].copy(),
         "random state": random.getstate(),

@@ -5,6 +5,7 @@ from torch import nn
 
 from ..i18n import spaced, tr
 from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, take, variant
+from .probes import global_module_hooks
 from .shared import module_facts
 
 
@@ -73,15 +74,38 @@ _BUFFER = 'register_buffer("factor", factor, persistent=False)'
 def _scale_facts(cls, factor):
     m = cls(factor.clone())
     x = torch.linspace(-1, 1, 4 * factor.numel()).reshape(4, *factor.shape)
+    x_before = x.clone()
     with torch.no_grad():
         out = as_tensor(m(x), "forward(x)")
     yield tr("the parameters", "参数"), [n for n, _ in m.named_parameters()]
     yield tr("the buffers", "缓冲区"), [n for n, _ in m.named_buffers()]
     yield "'factor' in state_dict()", "factor" in m.state_dict()
-    yield "forward(x)", out
+    yield "forward(x)", out.clone()
+    yield tr("forward(x) leaves the caller's x as it was", "forward(x) 不改动调用者的 x"), torch.equal(x, x_before)
+    try:  # a persistent buffer hidden by an overridden state_dict() is still expected by load_state_dict()
+        cls(factor.clone()).load_state_dict(m.state_dict())
+        loads = tr("works", "成功")
+    except RuntimeError as exc:
+        loads = str(exc).strip().splitlines()[-1].strip()
+    yield tr("loading its own state_dict() into a new Scale", "把它自己的 state_dict() 载入一个新的 Scale"), loads
     moved = dict(m.to(torch.float64).named_buffers()).get("factor")
     buffer_dtype = tr("the buffer's dtype after .to(torch.float64)", ".to(torch.float64) 之后缓冲区的 dtype")
     yield buffer_dtype, None if moved is None else str(moved.dtype)
+    with torch.no_grad():  # what forward uses must follow the module: an alias of the buffer stays behind
+        half = as_tensor(m.half()(x_before.half()), "forward(x)")
+    half_dtype = tr("the output's dtype after .half(), for a float16 x", ".half() 之后，float16 的 x 得到的输出的 dtype")
+    yield half_dtype, str(half.dtype)
+
+
+class _HiddenScale(Scale):
+    """A persistent buffer, hidden from state_dict() by an override."""
+
+    def __init__(self, factor):
+        nn.Module.__init__(self)
+        self.register_buffer("factor", factor)
+
+    def state_dict(self, *args, **kwargs):
+        return {k: v for k, v in super().state_dict(*args, **kwargs).items() if not k.endswith("factor")}
 
 
 q2 = Exercise(
@@ -95,6 +119,9 @@ q2 = Exercise(
         plain_attribute=variant(Scale, _BUFFER, "factor = factor"),
         persistent=variant(Scale, ", persistent=False", ""),
         parameter=variant(Scale, _BUFFER, "factor = nn.Parameter(factor, requires_grad=False)"),
+        in_place=variant(Scale, "return x * self.factor", "x *= self.factor\n        return x"),
+        hidden_buffer=_HiddenScale,
+        alias=variant(Scale, _BUFFER, _BUFFER + "\n        self.alias = factor", "x * self.factor", "x * self.alias"),
     ),
 )
 
@@ -160,18 +187,31 @@ def record_output_shapes(model, x):
     return shapes
 
 
+class Residual(nn.Module):
+    """A model of Q4's cases whose forward is not a chain of its leaves: one ReLU called twice, a skip."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.act = nn.Linear(6, 6), nn.Linear(6, 3), nn.ReLU()
+
+    def forward(self, x):
+        h = self.act(self.fc1(x)) + x
+        return self.fc2(self.act(h))
+
+
 def _hook_cases():
     hidden = nn.Sequential(nn.Linear(784, 32), nn.ReLU())
     mlp = nn.Sequential(nn.Flatten(), hidden, nn.Linear(32, 10))
     x1, conv = torch.rand(5, 1, 28, 28), nn.Conv2d(1, 4, 3)
     deep = nn.Sequential(nn.Flatten(), nn.Sequential(nn.Linear(144, 8), nn.Tanh()))
     cnn = nn.Sequential(conv, nn.ReLU(), deep, nn.Linear(8, 3))
-    return [(mlp, x1), (cnn, torch.rand(2, 1, 8, 8))]
+    return [(mlp, x1), (cnn, torch.rand(2, 1, 8, 8)), (Residual(), torch.rand(4, 6))]
 
 
 def _pairs(fn, case):
     model, x = case
-    out = fn(model, x)
+    with global_module_hooks() as left_global:  # a global hook left behind is noted, then removed
+        out = fn(model, x)
     try:
         pairs = [(str(n), tuple(as_ints(take(s, 8)))) for n, s in take(out)]
     except (TypeError, ValueError, Incorrect):
@@ -179,9 +219,39 @@ def _pairs(fn, case):
             f"return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {type(out).__name__}.",
             spaced("请返回一个由 (name, shape) 对组成的列表，例如 [('0', (5, 784)), ...]，而不是", kind(out), "。"),
         )) from None
-    left = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    on_model = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     return {tr("the (name, shape) pairs", "(name, shape) 对"): pairs,
-            tr("the number of hooks left on the model", "模型上残留的钩子个数"): left}
+            tr("the number of hooks left on the model", "模型上残留的钩子个数"): on_model,
+            tr("the number of global module hooks left", "残留的全局模块钩子个数"): len(left_global.kinds)}
+
+
+def _leaves_in_turn(model, x):
+    """No hooks: each leaf called in turn, in the order named_modules() lists them."""
+    shapes = []
+    for name, module in model.named_modules():
+        if not list(module.children()):
+            x = module(x)
+            shapes.append((name, tuple(x.shape)))
+    return shapes
+
+
+def _global_hook(model, x):
+    """One global forward hook (every module of every model), never removed."""
+    shapes, leaves = [], {m: name for name, m in model.named_modules() if not list(m.children())}
+
+    def hook(module, inputs, output):
+        if module in leaves:
+            shapes.append((leaves[module], tuple(output.shape)))
+
+    nn.modules.module.register_module_forward_hook(hook)
+    model(x)
+    return shapes
+
+
+def _describe_q4(c):
+    leaves = [n for n, m in c[0].named_modules() if not list(m.children())]
+    return tr(f"for x of shape {tuple(c[1].shape)} through a model with leaves {leaves}",
+              f"对于形状为 {tuple(c[1].shape)} 的 x，经过叶子模块为 {leaves} 的模型时")
 
 
 q4 = Exercise(
@@ -189,16 +259,16 @@ q4 = Exercise(
     record_output_shapes,
     cases=_hook_cases,
     observe=_pairs,
-    describe=lambda c: tr(
-        f"for x of shape {tuple(c[1].shape)} through a model with leaves {[n for n, m in c[0].named_modules() if not list(m.children())]}",
-        f"对于形状为 {tuple(c[1].shape)} 的 x，经过叶子模块为 {[n for n, m in c[0].named_modules() if not list(m.children())]} 的模型时",
-    ),
+    describe=_describe_q4,
     mistakes=dict(
         hooks_left=variant(record_output_shapes, "h.remove()", "pass"),
         input_shapes=variant(record_output_shapes, "output.shape", "inputs[0].shape"),
         late_binding=variant(record_output_shapes, "output, name=name):", "output):"),
         containers=variant(record_output_shapes, "if not list(module.children()):", "if True:"),
+        global_hook=_global_hook,
+        no_hooks=_leaves_in_turn,
     ),
 )
+
 
 EXERCISES = [q1, q2, q3, q4]
