@@ -1512,6 +1512,140 @@ CH01_Q5 = {
 }
 SIMULATION[("ch01", "q5")] = CH01_Q5
 
+# ------------------------------------------------------------------------------ ch01 q6, ch02 q5, ch03 q6 (deep dives)
+
+
+def _vjp_backward(f, x, u):
+    f(x).backward(gradient=u)
+    return x.grad
+
+
+def _vjp_rows(f, x, u):
+    """The Jacobian row by row (one backward pass per output), then u^T J."""
+    y = f(x)
+    rows = [torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(len(y))]
+    return u @ torch.stack(rows)
+
+
+CH01_Q6 = {
+    "right": {
+        "backward(gradient=u), then x.grad": lambda: _vjp_backward,
+        "torch.autograd.functional.vjp": lambda: lambda f, x, u: torch.autograd.functional.vjp(f, x, u)[1],
+        "torch.func.vjp": lambda: lambda f, x, u: torch.func.vjp(f, x)[1](u)[0],
+        "grad of a dot product": lambda: lambda f, x, u: torch.autograd.grad(torch.dot(f(x), u), x)[0],
+        "grad of (f(x) * u).sum()": lambda: lambda f, x, u: torch.autograd.grad((f(x) * u).sum(), x)[0],
+    },
+    "wrong": {
+        "the Jacobian from torch.func.jacrev, then u @ J": lambda: lambda f, x, u: u @ torch.func.jacrev(f)(x),
+        "the Jacobian row by row, then u @ J": lambda: _vjp_rows,
+        "f(x) * u, not differentiated": lambda: lambda f, x, u: (f(x) * u).detach(),
+        "the gradient of f(x).sum() times u.sum()": lambda: lambda f, x, u: torch.autograd.grad(f(x).sum(), x)[0] * u.sum(),
+        "half of it": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u)[0] / 2,
+        "u reversed": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u.flip(0))[0],
+    },
+}
+SIMULATION[("ch01", "q6")] = CH01_Q6
+
+
+def _groups(rule=lambda name, p: p.ndim >= 2, wd0=0.0, source="parameters", out=list, keys=("params", "weight_decay")):
+    def param_groups(model, weight_decay):
+        decay, no_decay = [], []
+        pairs = model.named_parameters() if source == "named" else (
+            model.named_parameters(remove_duplicate=False) if source == "all" else
+            ((None, p) for p in model.parameters()))
+        for name, p in pairs:
+            (decay if rule(name, p) else no_decay).append(p)
+        return out([{keys[0]: decay, keys[1]: weight_decay}, {keys[0]: no_decay, keys[1]: wd0}])
+
+    return param_groups
+
+
+def _groups_by_type(model, weight_decay):
+    """By module type: Linear, Conv and Embedding weights decay; everything else not."""
+    decay, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv2d | nn.Embedding):
+            if id(module.weight) not in seen:
+                seen.add(id(module.weight))
+                decay.append(module.weight)
+    no_decay = [p for p in model.parameters() if id(p) not in seen]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+CH02_Q5 = {
+    "right": {
+        "named_parameters (which de-duplicates too)": lambda: _groups(source="named"),
+        "a tuple of groups": lambda: _groups(out=tuple),
+        "by module type": lambda: _groups_by_type,
+        "dim() > 1": lambda: _groups(rule=lambda n, p: p.dim() > 1),
+        "no-decay group first": lambda: lambda model, wd: _groups()(model, wd)[::-1],
+    },
+    "wrong": {
+        "every name ending in 'weight' decayed": lambda: _groups(rule=lambda n, p: n.endswith("weight"), source="named"),
+        "the tied weight once per name": lambda: _groups(source="all"),
+        "no group for the rest": lambda: lambda model, wd: [{"params": [p for p in model.parameters() if p.ndim >= 2],
+                                                              "weight_decay": wd}],
+        "the rest decayed at half the rate": lambda: _groups(wd0=0.05),
+        "everything in one group": lambda: lambda model, wd: [{"params": list(model.parameters()), "weight_decay": wd}],
+        "a dict of name -> parameter": lambda: lambda model, wd: dict(model.named_parameters()),
+    },
+}
+SIMULATION[("ch02", "q5")] = CH02_Q5
+
+
+def _split(kind):
+    def train_val_split(dataset, val_fraction, seed):
+        n = len(dataset)
+        k = int(n * val_fraction)
+        g = torch.Generator().manual_seed(seed)
+        if kind == "fractions":
+            return torch.utils.data.random_split(dataset, [1 - val_fraction, val_fraction], generator=g)
+        if kind == "randperm":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "numpy":
+            order = np.random.default_rng(seed).permutation(n).tolist()
+            return [Subset(dataset, order[k:]), Subset(dataset, order[:k])]
+        if kind == "random":
+            order = list(range(n))
+            random.Random(seed).shuffle(order)
+            return Subset(dataset, order[:n - k]), Subset(dataset, order[n - k:])
+        if kind == "sorted":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, sorted(order[k:])), Subset(dataset, sorted(order[:k]))
+        if kind == "global_numpy":
+            order = np.random.permutation(n).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "overlap":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k - 1:]), Subset(dataset, order[:k])
+        if kind == "ceil":
+            k2 = -(-n * 100 * int(val_fraction * 100) // 10000)
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k2:]), Subset(dataset, order[:k2])
+        if kind == "first":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[:n - k]), Subset(dataset, order[:k])
+        if kind == "seed_plus_global":
+            torch.manual_seed(seed)
+            return torch.utils.data.random_split(dataset, [n - k, k])
+        raise AssertionError(kind)
+
+    return train_val_split
+
+
+CH03_Q6 = {
+    "right": {k: (lambda k=k: _split(k)) for k in ("fractions", "randperm", "numpy", "random", "sorted")},
+    "wrong": {
+        "numpy's global generator": lambda: _split("global_numpy"),
+        "train and val overlap by one": lambda: _split("overlap"),
+        "val rounded up": lambda: _split("ceil"),
+        "val drawn from the same front as train": lambda: _split("first"),
+        "torch.manual_seed(seed), then the global generator": lambda: _split("seed_plus_global"),
+    },
+}
+SIMULATION[("ch03", "q6")] = CH03_Q6
+
 # ------------------------------------------------------------------------------ the simulation
 
 

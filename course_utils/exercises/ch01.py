@@ -1,4 +1,5 @@
-"""Chapter 01: accumulated gradients, a custom backward, an HVP, finite differences, a backward walk."""
+"""Chapter 01: accumulated gradients, a custom backward, an HVP, finite differences, a backward walk as the
+engine does it, and a vector-Jacobian product (the deep dive on VJPs)."""
 
 import functools
 
@@ -411,4 +412,76 @@ q5 = Exercise(
     ),
 )
 
-EXERCISES = [q1, q2, q3, q4, q5]
+def vjp(f, x, u):
+    (g,) = torch.autograd.grad(f(x), x, grad_outputs=u)  # u^T J in one backward pass: no Jacobian
+    return g
+
+
+_ROT = "torch.stack([x[0] * x[1], x[1].sin(), x.sum() ** 2, x[2]])"
+_SOFT = "torch.softmax(x, 0) * torch.arange(1.0, 6.0, dtype=x.dtype)"
+
+
+def _vector_f(expr, matrix=None):
+    """The vector function f(x) = `expr` of a float64 tensor x (with A, a fixed matrix, where it is used)."""
+
+    def f(x):
+        return eval(expr, {"x": x, "torch": torch, "A": matrix})
+
+    f.__doc__ = expr
+    return f
+
+
+_WIDE_M, _WIDE_K = 48, 64  # the case where the constraint is judged: a 48 x 64 Jacobian is 3,072 numbers
+_WIDE_F = "x[:48] * x[16:].cos() + torch.tanh(x).sum()"  # every output depends on every input; no matrix inside
+
+
+def _cases_q6():
+    g = torch.Generator().manual_seed(6)
+    r = functools.partial(torch.randn, generator=g, dtype=torch.float64)
+    a = r(6, 4)
+    return [
+        (_vector_f(_ROT), _t(0.5, -1.0, 2.0), _t(1.0, -2.0, 0.5, 3.0)),
+        (_vector_f(_SOFT), _t(0.3, -1.2, 2.0, 0.7, 0.0), _t(1.0, 0.0, -1.0, 2.0, 0.5)),
+        (_vector_f("torch.tanh(A @ x)", a), r(4), r(6)),
+        (_vector_f(_WIDE_F), r(_WIDE_K), r(_WIDE_M)),
+    ]
+
+
+def _observe_q6(fn, case):
+    f, x, u = case[0], case[1].clone().requires_grad_(True), case[2].clone()
+    with counting_ops() as count:
+        out = fn(f, x, u)
+    got = as_tensor(out, "vjp(f, x, u)")
+    m, n = u.numel(), x.numel()
+    if n >= _WIDE_K:  # "without building the Jacobian": no m x n tensor, no backward pass per output
+        whole = count.largest >= m * n or count.ops > 10 * m
+        yield tr(f"whether it computed all {m} x {n} entries of the Jacobian",
+                 f"它是否算出了雅可比矩阵的全部 {m} x {n} 个元素"), whole
+    yield "result", got
+
+
+def _describe_q6(c):
+    x, u = c[1].tolist(), c[2].tolist()
+    if len(x) > 8:
+        return tr(f"for f(x) = {c[0].__doc__} at a random x of {len(x)} entries and u of {len(u)}",
+                  f"对于 f(x) = {c[0].__doc__}，在随机的 x（{len(x)} 个元素）和 u（{len(u)} 个元素）处")
+    return tr(f"for f(x) = {c[0].__doc__} at x = {[round(v, 4) for v in x]}, u = {[round(v, 4) for v in u]}",
+              f"对于 f(x) = {c[0].__doc__}，在 x = {[round(v, 4) for v in x]}、u = {[round(v, 4) for v in u]} 处")
+
+
+q6 = Exercise(
+    "Q6",
+    vjp,
+    cases=_cases_q6,
+    observe=_observe_q6,
+    describe=_describe_q6,
+    mistakes=dict(
+        no_grad_outputs=variant(vjp, ", grad_outputs=u", ""),
+        ones_not_u=variant(vjp, "grad(f(x), x, grad_outputs=u)", "grad(f(x).sum(), x)"),
+        jvp_not_vjp=lambda f, x, u: torch.autograd.functional.jvp(f, x, u)[1],
+        whole_jacobian=lambda f, x, u: u @ torch.autograd.functional.jacobian(f, x),
+    ),
+)
+
+
+EXERCISES = [q1, q2, q3, q4, q5, q6]

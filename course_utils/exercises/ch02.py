@@ -1,4 +1,7 @@
-"""Chapter 02: registration, buffers, counting parameters, hooks."""
+"""Chapter 02: registration, buffers, counting parameters, hooks, and parameter groups (the deep dive on
+sharing and the optimizer's structure)."""
+
+import warnings
 
 import torch
 from torch import nn
@@ -271,4 +274,94 @@ q4 = Exercise(
 )
 
 
-EXERCISES = [q1, q2, q3, q4]
+def param_groups(model, weight_decay):
+    decay, no_decay = [], []
+    for p in model.parameters():  # each parameter once, a tied weight too (parameters() de-duplicates)
+        if p.ndim >= 2:  # the weight matrices of Linear, Conv, Embedding layers
+            decay.append(p)
+        else:  # biases, and the scales and shifts of normalisation layers
+            no_decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class TiedTagger(nn.Module):
+    """Q5's model: an embedding whose weight the output layer shares, a LayerNorm, a hidden Linear with
+    its bias, a BatchNorm1d."""
+
+    def __init__(self, vocab=30, dim=8):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.hidden = nn.Linear(dim, dim)
+        self.bn = nn.BatchNorm1d(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight  # weight tying: one Parameter, two names
+
+    def forward(self, tokens):
+        h = torch.relu(self.hidden(self.norm(self.embed(tokens))))
+        return self.head(self.bn(h.flatten(0, -2)))
+
+
+def _groups_cases():
+    convnet = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(36, 3))
+    return [(TiedTagger(), 0.1), (convnet, 0.05)]
+
+
+def _groups_facts(fn, case):
+    model, wd = case
+    names = {}
+    for name, p in model.named_parameters():  # the first name of each parameter
+        names.setdefault(id(p), name)
+    groups = fn(model, wd)
+    groups = take(groups, 20) if not isinstance(groups, dict) else [groups]
+    listed, decay = [], {}
+    for g in groups:
+        if not isinstance(g, dict) or "params" not in g:
+            raise Incorrect(tr(
+                f"return a list of dicts, each with a 'params' list and its 'weight_decay', not a list holding {kind(g)}.",
+                spaced("请返回一个由 dict 组成的列表，每个 dict 有一个 'params' 列表和它的 'weight_decay'，而不是装着",
+                       kind(g), "的列表。"),
+            ))
+        params = take(g["params"], 100)
+        listed += params
+        for p in params:
+            decay[names.get(id(p), tr("(not a parameter of the model)", "（不是模型的参数）"))] = g.get("weight_decay")
+    yield tr("how many times the groups list each parameter", "各个参数在参数组中出现的次数"), sorted(
+        {names.get(id(p), "?"): sum(q is p for q in listed) for p in listed}.items())
+    yield tr("the parameters the groups leave out", "参数组漏掉的参数"), sorted(
+        names[id(p)] for p in model.parameters() if not any(q is p for q in listed))
+    yield tr("the weight decay of each parameter", "每个参数的权重衰减"), sorted(decay.items())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a duplicate within a group warns: judged by the first fact
+        opt = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.0)  # groups without a value get 0.0 here
+    yield tr("the weight decay AdamW applies to each parameter", "AdamW 对每个参数使用的权重衰减"), sorted(
+        (names[id(p)], g["weight_decay"]) for g in opt.param_groups for p in g["params"])
+
+
+def _by_name(model, weight_decay):
+    """Decides by the name alone: every '.bias' without decay; LayerNorm's and BatchNorm's weights decayed."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if name.endswith("bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+q5 = Exercise(
+    "Q5",
+    param_groups,
+    cases=_groups_cases,
+    observe=_groups_facts,
+    describe=lambda c: tr(
+        f"for {'TiedTagger()' if isinstance(c[0], TiedTagger) else 'a small CNN with GroupNorm'} and weight_decay={c[1]}",
+        f"对于 {'TiedTagger()' if isinstance(c[0], TiedTagger) else '一个带 GroupNorm 的小 CNN'}、weight_decay={c[1]}",
+    ),
+    mistakes=dict(
+        tied_twice=variant(param_groups, "for p in model.parameters():", "for _, p in model.named_parameters(remove_duplicate=False):"),
+        norm_decayed=_by_name,
+        all_decayed=variant(param_groups, '"weight_decay": 0.0}', '"weight_decay": weight_decay}'),
+        swapped=variant(param_groups, "if p.ndim >= 2:", "if p.ndim < 2:"),
+    ),
+)
+
+
+EXERCISES = [q1, q2, q3, q4, q5]

@@ -1,4 +1,5 @@
-"""Chapter 03: a Dataset, a padding collate_fn, a sharded stream, sampler weights, num_workers."""
+"""Chapter 03: a Dataset, a padding collate_fn, a sharded stream, sampler weights, num_workers, and a
+reproducible train/validation split (the deep dive on splitting datasets)."""
 
 import copy
 import random
@@ -311,4 +312,69 @@ q5 = Exercise(
     ),
 )
 
-EXERCISES = [q1, q2, q3, q4, q5]
+def train_val_split(dataset, val_fraction, seed):
+    n_val = int(len(dataset) * val_fraction)
+    g = torch.Generator().manual_seed(seed)  # its own generator: the global random stream is left alone
+    return torch.utils.data.random_split(dataset, [len(dataset) - n_val, n_val], generator=g)
+
+
+class Numbered(Dataset):
+    """Q6's dataset: item i is the number i, so that a split shows which items went where."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i
+
+
+def _items(part: Any, what: str) -> list[int]:
+    n = as_number(len(part), f"len({what})", whole=True)
+    return [as_number(part[i], tr(f"an item of {what}", f"{what} 中的一项"), whole=True) for i in range(min(n, 1000))]
+
+
+def _split_facts(fn, case):
+    n, fraction = case
+    state = torch.get_rng_state()
+    out = fn(Numbered(n), fraction, 7)
+    rng_left = torch.equal(state, torch.get_rng_state())
+    parts = take(out, 3)
+    if len(parts) != 2:
+        raise Incorrect(tr(f"train_val_split should return two datasets (train, val), not {kind(out)}.",
+                           spaced("train_val_split 应该返回两个数据集 (train, val)，而不是", kind(out), "。")))
+    train, val = _items(parts[0], "train"), _items(parts[1], "val")
+    yield tr("the sizes (train, val)", "(train, val) 的大小"), (len(train), len(val))
+    yield tr("every item once, in train or in val", "每一项恰好出现一次，不在 train 就在 val"), sorted(train + val) == list(range(n))
+    yield tr("the global random stream left as it was", "全局随机数流保持原样"), rng_left
+    yield tr("val is simply the last items", "val 只是最后那几项"), val == list(range(n - len(val), n))
+    again = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 7), 3)[1:2]]
+    yield tr("the same seed gives the same split", "同一个种子得到同样的划分"), again == [val]
+    other = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 8), 3)[1:2]]
+    yield tr("another seed gives another split", "换一个种子得到不同的划分"), other != [val]
+
+
+q6 = Exercise(
+    "Q6",
+    train_val_split,
+    cases=lambda: [(40, 0.25), (30, 0.25), (11, 0.3)],
+    observe=_split_facts,
+    describe=lambda c: tr(f"for a dataset of {c[0]} items and val_fraction={c[1]}",
+                          f"对于一个有 {c[0]} 项的数据集、val_fraction={c[1]}"),
+    mistakes=dict(
+        global_generator=variant(train_val_split, ", generator=g)", ")"),
+        not_shuffled=lambda dataset, val_fraction, seed: (
+            torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction))),
+            torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction), len(dataset)))),
+        seed_ignored=variant(train_val_split, "manual_seed(seed)", "manual_seed(0)"),
+        rounded=variant(train_val_split, "int(len(dataset) * val_fraction)", "round(len(dataset) * val_fraction)"),
+        swapped=lambda dataset, val_fraction, seed: train_val_split(dataset, val_fraction, seed)[::-1],
+    ),
+)
+
+
+EXERCISES = [q1, q2, q3, q4, q5, q6]
