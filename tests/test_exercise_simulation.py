@@ -41,6 +41,9 @@ import course_utils.exercises
 from course_utils.data import load_image
 from course_utils.exercises.core import MAX_STRETCH
 
+# torch's forward-mode rules (torch.func.jvp, hessian: simulated answers) warn once that torch.jit.script is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script.* is deprecated:FutureWarning")
+
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
 # charged), up to core.MAX_STRETCH times: slower than that is "slow", much slower a hang.
