@@ -215,7 +215,8 @@ def backward_walk(out):
             if hasattr(node, "variable"):  # AccumulateGrad: the leaf's whole gradient
                 grads[node.variable] = buffer[0]
                 continue
-            # one gradient per output of the forward op (node._input_metadata): zeros where none arrived
+            # one gradient per output of the forward op (node._input_metadata); where none arrived, zeros
+            # (the engine passes an undefined tensor there, which the node's formula reads as zeros)
             inputs = [buffer[i] if i in buffer else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
                       for i, m in enumerate(node._input_metadata)]
             sent = node(*inputs)  # the node's own backward: a vector-Jacobian product
