@@ -24,6 +24,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# autograd's names bound at import, as a learner's module may bind them
+from torch.autograd import backward as backward_bound_at_import
+from torch.autograd import grad as grad_bound_at_import
 from torch.utils.data import (
     DataLoader,
     Dataset,
@@ -36,6 +40,9 @@ from torch.utils.data import (
 import course_utils.exercises
 from course_utils.data import load_image
 from course_utils.exercises.core import MAX_STRETCH
+
+# torch's forward-mode rules (torch.func.jvp, hessian: simulated answers) warn once that torch.jit.script is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script.* is deprecated:FutureWarning")
 
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
@@ -244,6 +251,11 @@ def _hv(f, x, v):
     return g, torch.autograd.grad((g * v).sum(), x)[0]
 
 
+def _hessian_rows(f, x, v):
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return torch.stack([torch.autograd.grad(gi, x, retain_graph=True)[0] @ v for gi in g])
+
+
 def _hvp_backward(f, x, v):
     (g,) = torch.autograd.grad(f(x), x, create_graph=True)
     (g * v).sum().backward()
@@ -263,11 +275,17 @@ CH01_Q3 = {
         "g @ v": lambda: lambda f, x, v: torch.autograd.grad(
             torch.autograd.grad(f(x), x, create_graph=True)[0] @ v, x
         )[0],
+        "torch.func: forward over reverse": lambda: lambda f, x, v: torch.func.jvp(torch.func.grad(f), (x,), (v,))[1],
+        "torch.func: reverse over reverse": lambda: lambda f, x, v: torch.func.vjp(torch.func.grad(f), x)[1](v)[0],
     },
     "wrong": {
         "hard-coded for the old check's input": lambda: lambda f, x, v: torch.tensor(
             [4.0, 12.25, -6.0], dtype=torch.float64
         ),
+        "the Hessian from torch.func, then @ v": lambda: lambda f, x, v: torch.func.hessian(f)(x) @ v,
+        "the Hessian row by row, each row @ v": lambda: _hessian_rows,
+        "the Hessian, vectorised, then @ v": lambda: lambda f, x, v: torch.autograd.functional.hessian(
+            f, x, vectorize=True) @ v,
         "returns (g * v).sum()": lambda: lambda f, x, v: (_hv(f, x, v)[0] * v).sum().detach(),
         "hv * v": lambda: lambda f, x, v: _hv(f, x, v)[1] * v,
         "half of it": lambda: lambda f, x, v: _hv(f, x, v)[1] / 2,
@@ -395,6 +413,11 @@ CH02_Q1 = {
                                                      "c": nn.Linear(64, 10)})),
             lambda m, x: m.d["c"](torch.relu(m.d["b"](torch.relu(m.d["a"](x.reshape(len(x), -1)))))),
         ),
+        "its own initialisation (kaiming_uniform_ on the hidden layers)": lambda: _net(
+            lambda m: (_three_attr(m), [nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu")
+                                        for layer in (m.fc1, m.fc2)]),
+            lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
+        ),
         "add_module in a loop": lambda: _net(
             lambda m: [m.add_module(f"l{i}", nn.Linear(a, b)) for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
             lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
@@ -446,6 +469,9 @@ CH02_Q2 = {
         "a keyword argument": lambda: _scale(
             lambda m, f: m.register_buffer(name="factor", tensor=f, persistent=False), lambda m, x: x * m.factor
         ),
+        "nn.Buffer(..., persistent=False)": lambda: _scale(
+            lambda m, f: setattr(m, "factor", nn.Buffer(f, persistent=False)), lambda m, x: x * m.factor
+        ),
     },
     "wrong": {
         "adds instead of multiplying": lambda: _scale(_buf(), lambda m, x: x + m.factor),
@@ -453,8 +479,27 @@ CH02_Q2 = {
         "a buffer named scale": lambda: _scale(_buf("scale"), lambda m, x: x * m.scale),
         "multiplies by the sum": lambda: _scale(_buf(), lambda m, x: x * m.factor.sum()),
         "identity forward": lambda: _scale(_buf(), lambda m, x: x),
+        "multiplies by a plain alias of the buffer": lambda: _scale(
+            lambda m, f: (m.register_buffer("factor", f, persistent=False), setattr(m, "f", f)),
+            lambda m, x: x * m.f),
+        "x *= self.factor": lambda: _scale(_buf(), lambda m, x: x.mul_(m.factor)),
+        "a persistent buffer hidden by state_dict()": lambda: _HiddenStateDict,
     },
 }
+
+
+class _HiddenStateDict(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.register_buffer("factor", factor)
+
+    def state_dict(self, *args, **kwargs):
+        out = super().state_dict(*args, **kwargs)
+        out.pop("factor", None)
+        return out
+
+    def forward(self, x):
+        return x * self.factor
 
 CH02_Q3 = {
     "right": {
@@ -506,6 +551,7 @@ CH02_Q4 = {
         "a tuple of pairs": lambda: _rec(fmt=tuple),
         "len(children) == 0": lambda: _rec(select=lambda m: len(list(m.children())) == 0),
         "sizes via size()": lambda: _rec(what=lambda i, o: tuple(o.size())),
+        "a context manager that removes its hooks": lambda: _rec_context,
     },
     "wrong": {
         "hard-coded for the old check's input": lambda: lambda model, x: (
@@ -515,8 +561,41 @@ CH02_Q4 = {
         "only the top-level children": lambda: _rec(top=True),
         "batch dimension dropped": lambda: _rec(drop_batch=True),
         "a dict": lambda: _rec(fmt=dict),
+        "a global forward hook, never removed": lambda: _rec_global,
+        "no hooks: each leaf called in turn": lambda: _rec_by_hand,
+        "hooks never removed": lambda: _rec(remove=False),
     },
 }
+
+
+def _rec_context(model, x):
+    from contextlib import ExitStack
+
+    shapes = []
+    with ExitStack() as stack:
+        for name, module in model.named_modules():
+            if next(module.children(), None) is None:
+                handle = module.register_forward_hook(lambda m, i, o, name=name: shapes.append((name, o.shape)))
+                stack.callback(handle.remove)
+        model(x)
+    return shapes
+
+
+def _rec_global(model, x):
+    shapes, names = [], {m: n for n, m in model.named_modules() if not list(m.children())}
+    nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: shapes.append((names[m], tuple(o.shape))) if m in names else None)
+    model(x)
+    return shapes
+
+
+def _rec_by_hand(model, x):
+    shapes = []
+    for name, module in model.named_modules():
+        if not list(module.children()):
+            x = module(x)
+            shapes.append((name, tuple(x.shape)))
+    return shapes
 
 # ------------------------------------------------------------------------------ ch03
 
@@ -948,6 +1027,10 @@ CH06_Q1 = {
         "an nn.ReLU module": lambda: _net6(
             lambda m: (_two(m), setattr(m, "act", nn.ReLU())), lambda m, x: m.fc2(m.act(m.fc1(x)))
         ),
+        "its own initialisation (kaiming_normal_)": lambda: _net6(
+            lambda m: (_two(m), nn.init.kaiming_normal_(m.fc1.weight, nonlinearity="relu")),
+            lambda m, x: m.fc2(torch.relu(m.fc1(x))),
+        ),
         "add_module": lambda: _net6(
             lambda m: (m.add_module("a", nn.Linear(784, 32)), m.add_module("b", nn.Linear(32, 10))),
             lambda m, x: m.b(m.a(x).clamp(min=0)),
@@ -1104,8 +1187,25 @@ CH03_Q5 = {
         "the slowest epoch of each setting": lambda: _q5_rule(stat=max),
         "returns the best median time": lambda: lambda seconds: min(sorted(t)[len(t) // 2] for t in seconds.values()),
         "returns every candidate": lambda: _q5_rule(pick=lambda within: within, out=list),
+        "greedy: more workers while the next is 5% faster, stop at the first that is not": lambda: _q5_greedy(stop=True),
+        "greedy: more workers while the next is 5% faster than the kept one": lambda: _q5_greedy(stop=False),
     },
 }
+
+
+def _q5_greedy(stop):
+    def pick_num_workers(seconds):
+        medians = {w: sorted(t)[len(t) // 2] for w, t in sorted(seconds.items())}
+        order = list(medians)
+        pick = order[0]
+        for w in order[1:]:
+            if medians[w] < medians[pick] / 1.05:
+                pick = w
+            elif stop:
+                break
+        return pick
+
+    return pick_num_workers
 SIMULATION[("ch03", "q5")] = CH03_Q5
 
 
@@ -1114,7 +1214,7 @@ SIMULATION[("ch03", "q5")] = CH03_Q5
 
 def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else None, skip_none=True,
         sign=1.0, key=lambda leaf: leaf, first_input_only=False, grad_mode=False):
-    """A recursive walk of out.grad_fn (the simulated learners' answers vary its parts)."""
+    """A recursive walk of out.grad_fn, once per path (the simulated learners' answers vary its parts)."""
 
     def backward_walk(out):
         grads = {}
@@ -1140,8 +1240,81 @@ def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else N
     return backward_walk
 
 
-def _bw_topological(out):
-    """Engine-style: order the nodes, then send each gradient once, summed over its consumers."""
+def _zeros(meta):
+    return torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+
+
+def _engine(order="stack", missing="zeros", grad_mode=False, flat=False):
+    """The engine's algorithm (dependencies, a buffer slot per (node, input_nr), one call per node), in the
+    forms a learner may write it: ready nodes from a stack, a queue or a heap by sequence number; unreached
+    slots as zeros or None (the engine's undefined gradient); one dict per node or one flat dict."""
+    import heapq
+    from collections import deque
+
+    def backward_walk(out):
+        deps, seen, todo = {}, {out.grad_fn}, [out.grad_fn]
+        while todo:
+            for child, _ in todo.pop().next_functions:
+                if child is not None:
+                    deps[child] = deps.get(child, 0) + 1
+                    if child not in seen:
+                        seen.add(child)
+                        todo.append(child)
+        slots = {}  # (node, input_nr) -> gradient, when flat; node -> {input_nr: gradient} otherwise
+
+        def put(node, i, g):
+            if flat:
+                slots[node, i] = slots[node, i] + g if (node, i) in slots else g
+            else:
+                box = slots.setdefault(node, {})
+                box[i] = box[i] + g if i in box else g
+
+        def take_all(node, n):
+            got = [slots.pop((node, i), None) for i in range(n)] if flat else [
+                slots.get(node, {}).get(i) for i in range(n)]
+            return got
+
+        put(out.grad_fn, 0, torch.ones_like(out))
+        ready, tick = deque([out.grad_fn]) if order == "queue" else [], 0
+        if order == "heap":
+            ready = [(-out.grad_fn._sequence_nr(), 0, out.grad_fn)]
+        elif order == "stack":
+            ready = [out.grad_fn]
+        grads = {}
+        with torch.set_grad_enabled(grad_mode):
+            while ready:
+                if order == "heap":
+                    node = heapq.heappop(ready)[2]
+                elif order == "queue":
+                    node = ready.popleft()
+                else:
+                    node = ready.pop()
+                metas = node._input_metadata
+                inputs = take_all(node, len(metas))
+                if type(node).__name__ == "AccumulateGrad":
+                    grads[node.variable] = inputs[0]
+                    continue
+                if missing == "zeros":
+                    inputs = [_zeros(m) if g is None else g for g, m in zip(inputs, metas, strict=True)]
+                sent = node(*inputs)
+                for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                    if child is None:
+                        continue
+                    put(child, i, g)
+                    deps[child] -= 1
+                    if deps[child] == 0:
+                        tick += 1
+                        if order == "heap":
+                            heapq.heappush(ready, (-child._sequence_nr(), tick, child))
+                        else:
+                            ready.append(child)
+        return grads
+
+    return backward_walk
+
+
+def _bw_topological_one_slot(out):
+    """Engine order, but one gradient per node: a node with several outputs (unbind) gets one argument."""
     order, seen = [], set()
 
     def dfs(node):
@@ -1168,8 +1341,37 @@ def _bw_topological(out):
     return grads
 
 
+def _bw_topological(out):
+    """Engine-style through a topological order (depth-first post-order, reversed), a slot per input_nr."""
+    order, seen = [], set()
+
+    def dfs(node):
+        if node is None or node in seen:
+            return
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            dfs(nxt)
+        order.append(node)
+
+    dfs(out.grad_fn)
+    incoming = {(out.grad_fn, 0): torch.ones_like(out)}
+    grads = {}
+    with torch.no_grad():
+        for node in reversed(order):
+            metas = node._input_metadata
+            grads_in = [incoming.pop((node, i), None) for i in range(len(metas))]
+            if type(node).__name__ == "AccumulateGrad":
+                grads[node.variable] = grads_in[0]
+                continue
+            sent = node(*[_zeros(m) if g is None else g for g, m in zip(grads_in, metas, strict=True)])
+            for (nxt, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if nxt is not None:
+                    incoming[nxt, i] = incoming[nxt, i] + g if (nxt, i) in incoming else g
+    return grads
+
+
 def _bw_stack(out):
-    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=."""
+    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=: per path."""
     grads, stack = {}, [(out.grad_fn, torch.ones_like(out))]
     with torch.no_grad():
         while stack:
@@ -1185,15 +1387,123 @@ def _bw_stack(out):
     return grads
 
 
+def _bw_visited(out):
+    grads, seen = {}, set()
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            grads[node.variable] = grads[node.variable] + grad if node.variable in grads else grad
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        sent = node(grad)
+        for (nxt, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _bw_plus_equals(out):
+    grads = {}
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            if node.variable in grads:
+                grads[node.variable] += grad  # into a tensor AddBackward0 may have handed to another leaf
+            else:
+                grads[node.variable] = grad
+            return
+        sent = node(grad)
+        for (nxt, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _bw_engine_plus_equals(out):
+    """The engine's algorithm, summing into the buffer in place."""
+    grads_ = {}
+    deps, seen, todo = {}, {out.grad_fn}, [out.grad_fn]
+    while todo:
+        for child, _ in todo.pop().next_functions:
+            if child is not None:
+                deps[child] = deps.get(child, 0) + 1
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+    slots, ready = {out.grad_fn: {0: torch.ones_like(out)}}, [out.grad_fn]
+    with torch.no_grad():
+        while ready:
+            node = ready.pop()
+            box = slots.pop(node)
+            if hasattr(node, "variable"):
+                grads_[node.variable] = box[0]
+                continue
+            sent = node(*[box[i] if i in box else _zeros(m) for i, m in enumerate(node._input_metadata)])
+            for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if child is None:
+                    continue
+                b = slots.setdefault(child, {})
+                if i in b:
+                    b[i] += g
+                else:
+                    b[i] = g
+                deps[child] -= 1
+                if deps[child] == 0:
+                    ready.append(child)
+    return grads_
+
+
+def _bw_bound_grad(out):
+    """torch.autograd.grad through a name bound when this module was imported: no patch reaches it."""
+    leaves = [n.variable for n in _all_nodes(out) if hasattr(n, "variable")]
+    return dict(zip(leaves, grad_bound_at_import(out, leaves, retain_graph=True), strict=True))
+
+
+def _bw_bound_backward(out):
+    leaves = [n.variable for n in _all_nodes(out) if hasattr(n, "variable")]
+    backward_bound_at_import(out)
+    return {leaf: leaf.grad.clone() for leaf in leaves}
+
+
+def _all_nodes(out):
+    found, stack = {}, [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and id(node) not in found:
+            found[id(node)] = node
+            stack += [n for n, _ in node.next_functions]
+    return list(found.values())
+
+
 CH01_Q5 = {
     "right": {
-        "recursive, under no_grad": lambda: _bw(),
-        "recursive, grad mode on (the gradients carry a grad_fn)": lambda: _bw(grad_mode=True),
-        "engine order (topological), each node once": lambda: _bw_topological,
-        "an explicit stack, zeros_like then +=": lambda: _bw_stack,
-        "leaves found by type name": lambda: _bw(leaf_of=lambda n: n.variable if type(n).__name__ == "AccumulateGrad" else None),
+        "the engine: ready nodes from a stack, zeros for unreached slots": lambda: _engine(),
+        "the engine: ready nodes from a queue, None for unreached slots": lambda: _engine(order="queue", missing="none"),
+        "the engine: a heap by sequence number, as the real engine orders them": lambda: _engine(order="heap"),
+        "the engine: one flat dict keyed by (node, input_nr)": lambda: _engine(flat=True),
+        "the engine, grad mode on (the gradients carry a grad_fn)": lambda: _engine(grad_mode=True),
+        "a topological order (depth-first), a slot per input_nr": lambda: _bw_topological,
     },
     "wrong": {
+        "per path, recursive, under no_grad (the old model answer)": lambda: _bw(),
+        "per path, an explicit stack, zeros_like then +=": lambda: _bw_stack,
+        "per path, grad mode on": lambda: _bw(grad_mode=True),
+        "a visited set: each inner node entered once": lambda: _bw_visited,
+        "per path, grads[leaf] += g": lambda: _bw_plus_equals,
+        "the engine, summing in place (+=)": lambda: _bw_engine_plus_equals,
+        "engine order, one gradient per node (no slots)": lambda: _bw_topological_one_slot,
+        "torch.autograd.grad bound before the check": lambda: _bw_bound_grad,
+        "torch.autograd.backward bound before the check": lambda: _bw_bound_backward,
         "starts from a zero gradient": lambda: _bw(start=0.0),
         "starts from 2": lambda: _bw(start=2.0),
         "signs flipped (a descent step, not a gradient)": lambda: _bw(sign=-1.0),
@@ -1205,6 +1515,140 @@ CH01_Q5 = {
 }
 SIMULATION[("ch01", "q5")] = CH01_Q5
 
+# ------------------------------------------------------------------------------ ch01 q6, ch02 q5, ch03 q6 (deep dives)
+
+
+def _vjp_backward(f, x, u):
+    f(x).backward(gradient=u)
+    return x.grad
+
+
+def _vjp_rows(f, x, u):
+    """The Jacobian row by row (one backward pass per output), then u^T J."""
+    y = f(x)
+    rows = [torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(len(y))]
+    return u @ torch.stack(rows)
+
+
+CH01_Q6 = {
+    "right": {
+        "backward(gradient=u), then x.grad": lambda: _vjp_backward,
+        "torch.autograd.functional.vjp": lambda: lambda f, x, u: torch.autograd.functional.vjp(f, x, u)[1],
+        "torch.func.vjp": lambda: lambda f, x, u: torch.func.vjp(f, x)[1](u)[0],
+        "grad of a dot product": lambda: lambda f, x, u: torch.autograd.grad(torch.dot(f(x), u), x)[0],
+        "grad of (f(x) * u).sum()": lambda: lambda f, x, u: torch.autograd.grad((f(x) * u).sum(), x)[0],
+    },
+    "wrong": {
+        "the Jacobian from torch.func.jacrev, then u @ J": lambda: lambda f, x, u: u @ torch.func.jacrev(f)(x),
+        "the Jacobian row by row, then u @ J": lambda: _vjp_rows,
+        "f(x) * u, not differentiated": lambda: lambda f, x, u: (f(x) * u).detach(),
+        "the gradient of f(x).sum() times u.sum()": lambda: lambda f, x, u: torch.autograd.grad(f(x).sum(), x)[0] * u.sum(),
+        "half of it": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u)[0] / 2,
+        "u reversed": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u.flip(0))[0],
+    },
+}
+SIMULATION[("ch01", "q6")] = CH01_Q6
+
+
+def _groups(rule=lambda name, p: p.ndim >= 2, wd0=0.0, source="parameters", out=list, keys=("params", "weight_decay")):
+    def param_groups(model, weight_decay):
+        decay, no_decay = [], []
+        pairs = model.named_parameters() if source == "named" else (
+            model.named_parameters(remove_duplicate=False) if source == "all" else
+            ((None, p) for p in model.parameters()))
+        for name, p in pairs:
+            (decay if rule(name, p) else no_decay).append(p)
+        return out([{keys[0]: decay, keys[1]: weight_decay}, {keys[0]: no_decay, keys[1]: wd0}])
+
+    return param_groups
+
+
+def _groups_by_type(model, weight_decay):
+    """By module type: Linear, Conv and Embedding weights decay; everything else not."""
+    decay, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv2d | nn.Embedding):
+            if id(module.weight) not in seen:
+                seen.add(id(module.weight))
+                decay.append(module.weight)
+    no_decay = [p for p in model.parameters() if id(p) not in seen]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+CH02_Q5 = {
+    "right": {
+        "named_parameters (which de-duplicates too)": lambda: _groups(source="named"),
+        "a tuple of groups": lambda: _groups(out=tuple),
+        "by module type": lambda: _groups_by_type,
+        "dim() > 1": lambda: _groups(rule=lambda n, p: p.dim() > 1),
+        "no-decay group first": lambda: lambda model, wd: _groups()(model, wd)[::-1],
+    },
+    "wrong": {
+        "every name ending in 'weight' decayed": lambda: _groups(rule=lambda n, p: n.endswith("weight"), source="named"),
+        "the tied weight once per name": lambda: _groups(source="all"),
+        "no group for the rest": lambda: lambda model, wd: [{"params": [p for p in model.parameters() if p.ndim >= 2],
+                                                              "weight_decay": wd}],
+        "the rest decayed at half the rate": lambda: _groups(wd0=0.05),
+        "everything in one group": lambda: lambda model, wd: [{"params": list(model.parameters()), "weight_decay": wd}],
+        "a dict of name -> parameter": lambda: lambda model, wd: dict(model.named_parameters()),
+    },
+}
+SIMULATION[("ch02", "q5")] = CH02_Q5
+
+
+def _split(kind):
+    def train_val_split(dataset, val_fraction, seed):
+        n = len(dataset)
+        k = int(n * val_fraction)
+        g = torch.Generator().manual_seed(seed)
+        if kind == "fractions":
+            return torch.utils.data.random_split(dataset, [1 - val_fraction, val_fraction], generator=g)
+        if kind == "randperm":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "numpy":
+            order = np.random.default_rng(seed).permutation(n).tolist()
+            return [Subset(dataset, order[k:]), Subset(dataset, order[:k])]
+        if kind == "random":
+            order = list(range(n))
+            random.Random(seed).shuffle(order)
+            return Subset(dataset, order[:n - k]), Subset(dataset, order[n - k:])
+        if kind == "sorted":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, sorted(order[k:])), Subset(dataset, sorted(order[:k]))
+        if kind == "global_numpy":
+            order = np.random.permutation(n).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "overlap":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k - 1:]), Subset(dataset, order[:k])
+        if kind == "ceil":
+            k2 = -(-n * 100 * int(val_fraction * 100) // 10000)
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k2:]), Subset(dataset, order[:k2])
+        if kind == "first":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[:n - k]), Subset(dataset, order[:k])
+        if kind == "seed_plus_global":
+            torch.manual_seed(seed)
+            return torch.utils.data.random_split(dataset, [n - k, k])
+        raise AssertionError(kind)
+
+    return train_val_split
+
+
+CH03_Q6 = {
+    "right": {k: (lambda k=k: _split(k)) for k in ("fractions", "randperm", "numpy", "random", "sorted")},
+    "wrong": {
+        "numpy's global generator": lambda: _split("global_numpy"),
+        "train and val overlap by one": lambda: _split("overlap"),
+        "val rounded up": lambda: _split("ceil"),
+        "val drawn from the same front as train": lambda: _split("first"),
+        "torch.manual_seed(seed), then the global generator": lambda: _split("seed_plus_global"),
+    },
+}
+SIMULATION[("ch03", "q6")] = CH03_Q6
+
 # ------------------------------------------------------------------------------ the simulation
 
 
@@ -1214,6 +1658,9 @@ class Hang(BaseException):
 
 def _session_state():
     return {
+        "global module hooks": sum(len(getattr(nn.modules.module, d)) for d in (
+            "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+            "_global_backward_hooks")),
         "torch rng": torch.get_rng_state(),
         "numpy rng": np.random.get_state()[1].copy(),
         "random state": random.getstate(),
