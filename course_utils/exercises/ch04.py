@@ -5,6 +5,7 @@ import linecache
 import marshal
 import pickle
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ from torch.utils.data import DistributedSampler
 
 from ..data import sampler_indices
 from ..i18n import tr
+from . import core
 from .core import Exercise, Incorrect, as_ints, as_number, take, variant
 
 
@@ -148,12 +150,21 @@ _CASE_TEXT = ("t = torch.arange(2 * world) + 10 * rank (int64)",
               "t = torch.full((world,), rank + 1.0, dtype=torch.float64)")
 
 
+LAUNCH_ALLOWANCE_S = 10.0  # what starting 3 ranks may take on top of the time limit (the real torchrun: seconds)
+
+
 def _key(fn):
     return marshal.dumps(fn.__code__), fn.__defaults__
 
 
-def _launch(answers):
-    """Run `answers` on 3 real ranks (through the course's launcher), in one job; cache what they found."""
+def _runs_alone(fn) -> bool:
+    """A function the ranks can run from its code alone: written with def or lambda, no closure."""
+    return isinstance(fn, types.FunctionType) and not fn.__code__.co_freevars
+
+
+def _launch(answers, timeout):
+    """Run `answers` on 3 real ranks (through the course's launcher), in one job, at most `timeout`
+    seconds; cache what the ranks found, or why the job failed, for each."""
     from ..launch import LaunchError, torchrun  # imports torch.distributed: only when checking
 
     with tempfile.TemporaryDirectory(prefix="ch04-q2-") as folder:
@@ -161,41 +172,58 @@ def _launch(answers):
         Path(folder, "job.pkl").write_bytes(pickle.dumps(job))
         Path(folder, "on_ranks.py").write_text(_HARNESS)
         try:
-            torchrun("on_ranks.py", nproc=3, args=["job.pkl", "."], timeout=60, backend="gloo", show=False,
+            torchrun("on_ranks.py", nproc=3, args=["job.pkl", "."], timeout=timeout, backend="gloo", show=False,
                      cwd=folder)
         except LaunchError as exc:
             last = next((line for text in exc.stderr for line in reversed(text.splitlines()) if line.strip()), "")
-            raise Incorrect(tr(
-                f"your function made a rank fail or hang on 3 real processes ({last.strip()[:300]}). Every "
-                "rank must make the same collective calls, in the same order.",
-                f"你的函数让某个 rank 在 3 个真实进程上失败或卡住了（{last.strip()[:300]}）。每个 rank 都必须以相同的顺序做相同的集合通信调用。",
-            )) from None
+            failed = {"incorrect": tr(
+                f"your function made a rank fail or hang on 3 real processes (within {timeout:g} s; "
+                f"{last.strip()[:300] or type(exc).__name__}). Every rank must make the same collective calls, "
+                "in the same order, and finish.",
+                f"你的函数让某个 rank 在 3 个真实进程上失败或卡住了（时限 {timeout:g} 秒；"
+                f"{last.strip()[:300] or type(exc).__name__}）。每个 rank 都必须以相同的顺序做相同的集合通信调用，并且能够结束。",
+            )}
+            for fn in answers:
+                _ON_RANKS[_key(fn)] = failed
+            return
         ranks = [torch.load(Path(folder, f"rank{r}.pt"), weights_only=False) for r in range(3)]
     for i, fn in enumerate(answers):
         _ON_RANKS[_key(fn)] = {w: [ranks[r][i][w] for r in range(w)] for w in (2, 3)}
 
 
+class OnRanks(Exercise):
+    """An exercise checked on real processes. The learner's function is launched once, before the check
+    proper, bounded by the launcher's timeout (the time limit plus LAUNCH_ALLOWANCE_S for starting the
+    ranks), and what the ranks found is then judged like any answer: the time limit of the check does
+    not pay for the start of the ranks (a fraction of a second with the warm engine, seconds with the
+    real torchrun on macOS and Windows). Nothing of the learner's code runs in this process."""
+
+    def check(self, answer=Ellipsis):  # noqa: D102 - Exercise.check, after the launch
+        if _runs_alone(answer) and _key(answer) not in _ON_RANKS:
+            try:
+                _launch([answer], timeout=core.TIME_LIMIT_S + LAUNCH_ALLOWANCE_S)
+            except Exception as exc:  # a check never raises: the judging below says what went wrong
+                _ON_RANKS[_key(answer)] = {"incorrect": tr(f"the check could not start its ranks ({exc}).",
+                                                           f"检查程序无法启动它的 rank（{exc}）。")}
+        return super().check(answer)
+
+
 def _two_step_facts(fn, world):
-    if fn.__code__.co_freevars:
+    if not _runs_alone(fn):
+        free = ", ".join(getattr(getattr(fn, "__code__", None), "co_freevars", ()))
         raise Incorrect(tr(
-            f"your function uses names from the function around it ({', '.join(fn.__code__.co_freevars)}): "
-            "the check runs it alone on each rank, with only `torch` and `dist`. Define it at the top level.",
-            f"你的函数用到了外层函数中的名字（{', '.join(fn.__code__.co_freevars)}）：检查程序会在每个 rank 上单独运行它，"
-            "只提供 `torch` 和 `dist`。请在顶层定义它。",
+            f"pass a function written with def whose code runs alone on each rank, with only `torch` and `dist`"
+            f"{f' (yours uses names from the function around it: {free})' if free else ''}.",
+            f"请传入一个用 def 定义的函数，它的代码要能在每个 rank 上单独运行，只用到 `torch` 和 `dist`"
+            f"{f'（你的函数用到了外层函数中的名字：{free}）' if free else ''}。",
         ))
     if _key(fn) not in _ON_RANKS:
         own = [q2.model_answer, *q2.mistakes.values()]
-        if any(fn is f for f in own):
-            _launch(own)
-        else:
-            try:  # here, without ranks first: a stub says so at once
-                fn(torch.arange(4))
-            except NotImplementedError:
-                raise
-            except Exception:  # noqa: S110 - it needs its ranks: they will say what is wrong
-                pass
-            _launch([fn])
-    found = _ON_RANKS[_key(fn)][world]
+        _launch(own if any(fn is f for f in own) else [fn], timeout=60.0)
+    found = _ON_RANKS[_key(fn)]
+    if "incorrect" in found:
+        raise Incorrect(found["incorrect"])
+    found = found[world]
     for rank, rec in enumerate(found):
         if rec["error"] is not None:
             kind, text, line = rec["error"]
@@ -211,20 +239,19 @@ def _two_step_facts(fn, world):
         if bad is not None:
             raise Incorrect(tr(f"on {world} ranks, rank {rank} returned {bad}, not the tensor of sums.",
                                f"在 {world} 个 rank 上，rank {rank} 返回的是 {bad}，而不是求和后的张量。"))
-    calls = set(found[0]["calls"])
-    yield (tr("the collectives it calls that do the job in one go (all_reduce, reduce, broadcast)",
-              "它调用的一步到位的集合通信（all_reduce、reduce、broadcast）"),
-           sorted(calls & {"all_reduce", "reduce", "broadcast"}))
-    yield (tr("it calls reduce_scatter (or reduce_scatter_tensor)", "“它调用了 reduce_scatter（或 reduce_scatter_tensor）”"),
-           bool(calls & {"reduce_scatter", "reduce_scatter_tensor"}))
-    yield (tr("it calls all_gather (or all_gather_into_tensor)", "“它调用了 all_gather（或 all_gather_into_tensor）”"),
-           bool(calls & {"all_gather", "all_gather_into_tensor"}))
     for k, text in enumerate(_CASE_TEXT):
         yield (tr(f"what ranks 0..{world - 1} return for {text}", f"对于 {text}，rank 0..{world - 1} 的返回值"),
                [rec["returned"][k] for rec in found])
+    calls = set(found[0]["calls"])  # after the results: a wrong result says more than a call
+    yield (tr("the collectives it calls that do the job in one go (all_reduce, reduce, broadcast)",
+              "它调用的一步到位的集合通信（all_reduce、reduce、broadcast）"),
+           sorted(calls & {"all_reduce", "reduce", "broadcast"}))
+    yield (tr("whether it calls reduce_scatter (or reduce_scatter_tensor)", "它是否调用了 reduce_scatter（或 reduce_scatter_tensor）"),
+           bool(calls & {"reduce_scatter", "reduce_scatter_tensor"}))
+    yield (tr("whether it calls all_gather (or all_gather_into_tensor)", "它是否调用了 all_gather（或 all_gather_into_tensor）"),
+           bool(calls & {"all_gather", "all_gather_into_tensor"}))
 
-
-q2 = Exercise(
+q2 = OnRanks(
     "Q2",
     two_step_all_reduce,
     cases=lambda: [3, 2],

@@ -311,7 +311,7 @@ _FR_CASES = (("eval", 2, "rank 0 evaluates through the DDP wrapper after the las
 @functools.cache
 def _flight_records():
     """Each case's records, from real ranks (a few tenths of a second each once the launcher is warm)."""
-    from ..launch import torchrun  # imports torch.distributed: only when checking
+    from ..launch import LaunchError, torchrun  # imports torch.distributed: only when checking
 
     found = []
     with tempfile.TemporaryDirectory(prefix="ch06-q5-") as folder:
@@ -319,8 +319,12 @@ def _flight_records():
         for name, nproc, _ in _FR_CASES:
             out = Path(folder, name)
             out.mkdir()
-            torchrun("desync.py", nproc=nproc, args=[name, out], env={"TORCH_FR_BUFFER_SIZE": "200"},
-                     backend="gloo", show=False, timeout=60, cwd=folder)
+            try:
+                torchrun("desync.py", nproc=nproc, args=[name, out], env={"TORCH_FR_BUFFER_SIZE": "200"},
+                         backend="gloo", show=False, timeout=60, cwd=folder)
+            except LaunchError as exc:  # the check's own jobs: not the learner's fault, and not cached
+                raise Incorrect(tr(f"the check could not run the job whose records it needs ({exc}); check again.",
+                                   f"检查程序无法运行它所需记录的那个作业（{exc}）；请再检查一次。")) from None
             found.append({r: json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)})
     return tuple(found)
 
