@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -43,6 +44,7 @@ from course_utils.exercises.core import MAX_STRETCH
 
 # torch's forward-mode rules (torch.func.jvp, hessian: simulated answers) warn once that torch.jit.script is deprecated
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script.* is deprecated:FutureWarning")
+_bound_save = torch.save  # a name bound before any check runs (as `from torch import save` is)
 
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
@@ -779,41 +781,124 @@ CH04_Q1 = {
 }
 
 
-def _ga(dtype=torch.float64, op=None, two_calls=False, post=lambda c, t, d: (c / t).item()):
-    def global_accuracy(correct, total, dist):
-        if two_calls:
-            c, t = torch.tensor(float(correct)), torch.tensor(float(total))
-            dist.all_reduce(c)
-            dist.all_reduce(t)
-            return post(c, t, dist)
-        counts = torch.tensor([correct, total], dtype=dtype)
-        dist.all_reduce(counts) if op is None else dist.all_reduce(counts, op=op)
-        return post(counts[0], counts[1], dist)
-
-    return global_accuracy
+# Answers that run on the check's real ranks: module-level functions (the check runs their code alone
+# on each rank, with `torch` and `dist` as its only names), no closures.
 
 
-def _ch04_local_sum(correct, total, dist):
-    acc = torch.tensor(correct / total)
-    dist.all_reduce(acc)
-    return acc.item()
+def _ar_tensor_api(t):
+    world = dist.get_world_size()
+    mine = torch.empty(t.numel() // world, dtype=t.dtype)
+    dist.reduce_scatter_tensor(mine, t)
+    out = torch.empty_like(t)
+    dist.all_gather_into_tensor(out, mine)
+    return out
+
+
+def _ar_async(t):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = list(t.split(len(t) // world))
+    mine = torch.zeros_like(chunks[rank])
+    dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, async_op=True).wait()
+    parts = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, async_op=True).wait()
+    return torch.cat(parts)
+
+
+def _ar_torch_distributed(t):
+    d = torch.distributed
+    world = d.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = chunks[0].clone()
+    d.reduce_scatter(mine, chunks)
+    parts = [mine.clone() for _ in range(world)]
+    d.all_gather(parts, mine)
+    return torch.stack(parts).flatten()
+
+
+def _ar_in_place(t):
+    world = dist.get_world_size()
+    chunks = [c.clone() for c in t.chunk(world)]
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    dist.all_gather(list(t.chunk(world)), mine)  # the chunks are views of t: t holds the sums
+    return t
+
+
+def _ar_float64_then_back(t):
+    world = dist.get_world_size()
+    wide = t.double()
+    mine = torch.empty(len(t) // world, dtype=torch.float64)
+    dist.reduce_scatter(mine, list(wide.chunk(world)))
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts).to(t.dtype)
+
+
+def _ar_hard_coded_two(t):
+    chunks = list(t.chunk(2))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    parts = [torch.empty_like(mine) for _ in range(2)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)
+
+
+def _ar_reversed(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts[::-1])
+
+
+def _ar_max(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.MAX)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)
+
+
+def _ar_unchanged(t):
+    return t
+
+
+def _ar_gather_and_sum(t):
+    world = dist.get_world_size()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)  # right sums, but all_gather alone: world times the data of reduce_scatter
+    return sum(parts)
+
+
+def _ar_mine_repeated(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return mine.repeat(world)
 
 
 CH04_Q2 = {
     "right": {
-        "float32 counts": lambda: _ga(torch.float32),
-        "two all_reduce calls": lambda: _ga(two_calls=True),
-        "an explicit SUM": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.SUM),
-        "AVG of both counts": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.AVG),
-        "a 0-d tensor": lambda: _ga(post=lambda c, t, d: c / t),
-        "int64 counts": lambda: _ga(torch.int64, post=lambda c, t, d: float(c) / float(t)),
+        "reduce_scatter_tensor and all_gather_into_tensor": lambda: _ar_tensor_api,
+        "async ops, split, an explicit SUM": lambda: _ar_async,
+        "torch.distributed by its full name, stacked": lambda: _ar_torch_distributed,
+        "gathered into t's own chunks": lambda: _ar_in_place,
+        "summed in float64, returned in t's dtype": lambda: _ar_float64_then_back,
     },
     "wrong": {
-        "hard-coded for the old check's shards": lambda: lambda correct, total, dist: 136 / 170,
-        "integer division": lambda: _ga(torch.int64, post=lambda c, t, d: (c // t).item()),
-        "MAX instead of SUM": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.MAX),
-        "a percentage": lambda: _ga(post=lambda c, t, d: (100 * c / t).item()),
-        "the sum of the accuracies": lambda: _ch04_local_sum,
+        "two chunks, whatever the world size": lambda: _ar_hard_coded_two,
+        "the chunks in reverse rank order": lambda: _ar_reversed,
+        "MAX instead of SUM": lambda: _ar_max,
+        "t returned unchanged": lambda: _ar_unchanged,
+        "all_gather of t, summed (no reduce_scatter)": lambda: _ar_gather_and_sum,
+        "its own chunk repeated": lambda: _ar_mine_repeated,
     },
 }
 
@@ -930,6 +1015,8 @@ CH05_Q2 = {
         "scheduler stepped after loading": lambda: _resume(step_after=True),
         "hard-coded start epoch": lambda: _resume(start=lambda e: 3),
         "only the optimizer": lambda: _resume(model=False, sched=False),
+        "a float start epoch (range refuses it)": lambda: _resume(start=float),
+        "a one-element list": lambda: _resume(start=lambda e: [e]),
     },
 }
 
@@ -966,6 +1053,29 @@ def _save_via(kind):
             torch.save(obj, tmp)
             shutil.move(tmp, path)
             return
+        if kind == "bound_save":  # torch.save under a name bound before any check
+            tmp = path.with_name(path.name + ".partial")
+            _bound_save(obj, tmp)
+            os.replace(tmp, path)
+            return
+        if kind == "copyfile":
+            tmp = path.with_name(path.name + ".partial")
+            torch.save(obj, tmp)
+            shutil.copy(tmp, path)
+            return
+        if kind == "backup_first":  # keeps a backup, but `path` itself is missing in between
+            if path.exists():
+                os.replace(path, path.with_name(path.name + ".bak"))
+            tmp = path.with_name(path.name + ".partial")
+            torch.save(obj, tmp)
+            os.replace(tmp, path)
+            return
+        if kind == "exclusive_tmp":  # a fixed name opened with "xb": after a crash, every save fails
+            tmp = path.with_name(path.name + ".partial")
+            with open(tmp, "xb") as f:
+                torch.save(obj, f)
+            os.replace(tmp, path)
+            return
         if kind == "named_tmp":
             with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
                 torch.save(obj, f)
@@ -998,8 +1108,11 @@ def _save_via(kind):
 
 
 CH05_Q4 = {
-    "right": {k: (lambda k=k: _save_via(k)) for k in ("named_tmp", "rename", "path_replace", "str_paths", "pid")},
-    "wrong": {k: (lambda k=k: _save_via(k)) for k in ("delete_first", "other_dir", "never_renames", "swapped", "save_again")},
+    "right": {k: (lambda k=k: _save_via(k))
+              for k in ("named_tmp", "rename", "path_replace", "str_paths", "pid", "bound_save")},
+    "wrong": {k: (lambda k=k: _save_via(k)) for k in (
+        "delete_first", "other_dir", "never_renames", "swapped", "save_again", "copyfile", "backup_first",
+        "exclusive_tmp")},
 }
 
 # ------------------------------------------------------------------------------ ch06
@@ -1034,6 +1147,15 @@ CH06_Q1 = {
         "add_module": lambda: _net6(
             lambda m: (m.add_module("a", nn.Linear(784, 32)), m.add_module("b", nn.Linear(32, 10))),
             lambda m, x: m.b(m.a(x).clamp(min=0)),
+        ),
+        "xavier_uniform_ initialisation": lambda: _net6(
+            lambda m: (_two(m), nn.init.xavier_uniform_(m.fc1.weight), nn.init.xavier_uniform_(m.fc2.weight)),
+            lambda m, x: m.fc2(torch.relu(m.fc1(x))),
+        ),
+        "hand-made nn.Parameter layers": lambda: _net6(
+            lambda m: [setattr(m, n, nn.Parameter(torch.randn(*shape) * 0.05)) for n, shape in
+                       (("w1", (32, 784)), ("b1", (32,)), ("w2", (10, 32)), ("b2", (10,)))],
+            lambda m, x: torch.relu(x @ m.w1.T + m.b1) @ m.w2.T + m.b2,
         ),
     },
     "wrong": {
@@ -1100,11 +1222,14 @@ def _eval(kind):
             ctx = torch.enable_grad()
         with ctx:
             out = model(x)
+        if kind == "grad_off":
+            torch.set_grad_enabled(False)
+            out = model(x)
         dim = 0 if kind == "dim0" else 1
         hits = (out.argmax(dim) == y) if kind != "dim0" else (out.argmax(dim)[: len(y)] == y[: out.shape[1]])
         value = {"count": hits.sum().item(), "error": 1 - hits.float().mean().item(),
                  "tensor": hits.float().mean(), "sum_len": hits.sum().item() / len(y)}.get(kind, hits.float().mean().item())
-        model.train(was)
+        model.train() if kind == "forces_train" else model.train(was)
         return value
 
     return evaluate
@@ -1112,7 +1237,8 @@ def _eval(kind):
 
 CH06_Q3 = {
     "right": {k: (lambda k=k: _eval(k)) for k in ("inference", "set_grad", "train_false", "tensor", "sum_len")},
-    "wrong": {k: (lambda k=k: _eval(k)) for k in ("eval_attr", "no_grad_call", "count", "error", "dim0")},
+    "wrong": {k: (lambda k=k: _eval(k))
+              for k in ("eval_attr", "no_grad_call", "count", "error", "dim0", "grad_off", "forces_train")},
 }
 
 
@@ -1140,6 +1266,107 @@ CH06_Q4 = {
     "wrong": {k: (lambda k=k: _loader(k)) for k in ("no_shuffle", "epoch0", "seed_rank", "subset", "batch8")},
 }
 
+def _fr_ops(records):
+    return {r: {e["collective_seq_id"]: (e["profiling_name"], str(e["input_sizes"]), str(e["input_dtypes"]))
+                for e in entries} for r, entries in records.items()}
+
+
+def _desync_merge(records):
+    """A sorted walk over every rank's numbers from the latest first one."""
+    ops = _fr_ops(records)
+    start = max(min(o) for o in ops.values())
+    for seq in sorted(set().union(*ops.values())):
+        if seq >= start and len({o.get(seq, "none") for o in ops.values()}) > 1:
+            return seq
+    return None
+
+
+def _desync_numpy(records):
+    seq = _desync_merge(records)
+    return None if seq is None else np.int64(seq)
+
+
+def _desync_tensor(records):
+    seq = _desync_merge(records)
+    return None if seq is None else torch.tensor(seq)
+
+
+def _desync_float(records):
+    seq = _desync_merge(records)
+    return None if seq is None else float(seq)
+
+
+def _desync_tuples(records):
+    rows = {}
+    for rank, entries in records.items():
+        for e in entries:
+            rows.setdefault(e["collective_seq_id"], {})[rank] = (e["profiling_name"], tuple(map(tuple, e["input_sizes"])),
+                                                                 tuple(e["input_dtypes"]))
+    start = max(entries[0]["collective_seq_id"] for entries in records.values())
+    for seq in sorted(rows):
+        if seq >= start and (len(rows[seq]) < len(records) or len(set(rows[seq].values())) > 1):
+            return seq
+    return None
+
+
+def _desync_last(records):
+    return max(e["collective_seq_id"] for entries in records.values() for e in entries)
+
+
+def _desync_rank(records):
+    """The rank that ran something else there, instead of the sequence number."""
+    seq = _desync_merge(records)
+    if seq is None:
+        return None
+    ops = _fr_ops(records)
+    return next((r for r in ops if ops[r].get(seq) != ops[0].get(seq)), 0)
+
+
+def _desync_one_late(records):
+    seq = _desync_merge(records)
+    return None if seq is None else seq - 1
+
+
+def _desync_dtype_only(records):
+    ops = {r: {e["collective_seq_id"]: str(e["input_dtypes"]) for e in entries} for r, entries in records.items()}
+    start = max(min(o) for o in ops.values())
+    for seq in sorted(set().union(*ops.values())):
+        if seq >= start and len({o.get(seq) for o in ops.values()}) > 1:
+            return seq
+    return None
+
+
+def _desync_from_zero(records):
+    ops = _fr_ops(records)  # no allowance for the ring buffer: numbers one rank dropped count as a difference
+    for seq in sorted(set().union(*ops.values())):
+        if len({o.get(seq, "none") for o in ops.values()}) > 1:
+            return seq
+    return None
+
+
+def _desync_zero(records):
+    seq = _desync_merge(records)
+    return 0 if seq is None else seq
+
+
+CH06_Q5 = {
+    "right": {
+        "a sorted walk from the latest first number": lambda: _desync_merge,
+        "a numpy int": lambda: _desync_numpy,
+        "a 0-d tensor": lambda: _desync_tensor,
+        "a float": lambda: _desync_float,
+        "rows of tuples per sequence number": lambda: _desync_tuples,
+    },
+    "wrong": {
+        "the last number any rank recorded": lambda: _desync_last,
+        "the rank instead of the number": lambda: _desync_rank,
+        "the last number that agreed": lambda: _desync_one_late,
+        "dtypes only": lambda: _desync_dtype_only,
+        "the ring buffer's dropped numbers counted": lambda: _desync_from_zero,
+        "0 when the ranks agree": lambda: _desync_zero,
+    },
+}
+
 SIMULATION = {
     ("ch00", "q1"): CH00_Q1,
     ("ch01", "q1"): CH01_Q1, ("ch01", "q2"): CH01_Q2, ("ch01", "q3"): CH01_Q3, ("ch01", "q4"): CH01_Q4,
@@ -1148,6 +1375,7 @@ SIMULATION = {
     ("ch04", "q1"): CH04_Q1, ("ch04", "q2"): CH04_Q2, ("ch04", "q3"): CH04_Q3, ("ch04", "q4"): CH04_Q4,
     ("ch05", "q1"): CH05_Q1, ("ch05", "q2"): CH05_Q2, ("ch05", "q3"): CH05_Q3, ("ch05", "q4"): CH05_Q4,
     ("ch06", "q1"): CH06_Q1, ("ch06", "q2"): CH06_Q2, ("ch06", "q3"): CH06_Q3, ("ch06", "q4"): CH06_Q4,
+    ("ch06", "q5"): CH06_Q5,
 }
 
 # ------------------------------------------------------------------------------ ch03 q5 (num_workers from epoch times)
