@@ -109,16 +109,17 @@ def trace(model: DDP, x: torch.Tensor) -> dict:
     dist.barrier()
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         loss.backward()
-    compute, comm = [], []
+    found: dict[str, list] = {"compute": [], "launch": [], "comm": []}
     for e in prof.events():
-        name = e.name
+        name, span = e.name, (e.time_range.start / 1000, e.time_range.end / 1000)
         if name.startswith("autograd::engine::evaluate_function:"):
-            compute.append((e.time_range.start / 1000, e.time_range.end / 1000, name.split(": ")[1]))
-        elif name.startswith(("gloo:all_reduce", "nccl:all_reduce")):
-            comm.append((e.time_range.start / 1000, e.time_range.end / 1000, name))
-    t0 = min(s for s, _, _ in compute + comm)
-    shift = [(s - t0, e - t0, n) for s, e, n in sorted(compute)], [(s - t0, e - t0, n) for s, e, n in sorted(comm)]
-    return {"compute": shift[0], "comm": shift[1]}
+            found["compute"].append((*span, name.split(": ")[1]))
+        elif name == "c10d::allreduce_":  # the call that hands a bucket to the process group (main thread)
+            found["launch"].append((*span, name))
+        elif name.startswith(("gloo:all_reduce", "nccl:all_reduce")):  # the all-reduce itself (its own thread)
+            found["comm"].append((*span, name))
+    t0 = min(s for spans in found.values() for s, _, _ in spans)
+    return {k: [(s - t0, e - t0, n) for s, e, n in sorted(v)] for k, v in found.items()}
 
 
 def bytes_of(fn) -> int | None:
@@ -133,8 +134,8 @@ def bytes_of(fn) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--buckets-mb", default="0.25,1,4,25", help="bucket_cap_mb values to sweep, comma-separated")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per setting (after 2 warm-up steps)")
+    parser.add_argument("--buckets-mb", default="1,4,25", help="bucket_cap_mb values to sweep, comma-separated")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per setting (after 2 warm-up steps)")
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
     args = parser.parse_args()
     try:
@@ -156,9 +157,10 @@ def main() -> None:
     record["trace"] = trace(model, x)
     tr = record["trace"]
     end = max(e for _, e, _ in tr["compute"])
-    early = sum(1 for s, _, _ in tr["comm"] if s < end)
-    rprint(f"profiler: backward computed for {end:.1f} ms; {len(tr['comm'])} all-reduces, {early} of them "
-           f"started before backward's last node ended")
+    launched = sum(1 for s, _, _ in tr["launch"] if s < end)
+    ran = sum(1 for s, _, _ in tr["comm"] if s < end)
+    rprint(f"profiler: backward computed for {end:.1f} ms; {len(tr['launch'])} all-reduces, {launched} of them "
+           f"launched and {ran} running before backward's last node ended")
 
     # 2. The sweep: how many buckets, how much communication overlapped backward, how much was left after it.
     record["sweep"] = {}

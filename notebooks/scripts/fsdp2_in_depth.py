@@ -163,7 +163,10 @@ def meta_init(mesh, dev, r, n) -> dict:
     model.to_empty(device=dev)
     local = sum(p.to_local().numel() for p in model.parameters())
     total = sum(p.numel() for p in model.parameters())
-    with torch.random.fork_rng(devices=[]):
+    # On a CPU mesh DTensor has no random-number tracker, and says so in a warning: the lines below show
+    # what that means for the numbers.
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DTensor random operators")
         torch.manual_seed(0)
         for module in model.modules():
             if hasattr(module, "reset_parameters") and module is not model:

@@ -47,6 +47,13 @@ def train(model, x, y, steps: int = STEPS) -> None:
         opt.step()
 
 
+def rows_held(param, full: torch.Tensor) -> list[int]:
+    """Which rows of the full weight `full` this rank's shard of `param` holds (found by value: every row
+    of a freshly initialised weight is different)."""
+    local = param.to_local()
+    return [int((full == row).all(dim=1).nonzero()[0]) for row in local]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
@@ -77,18 +84,20 @@ def main() -> None:
         parallelize_module(block, mesh["tp"], tp_plan())
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
+    init_q = make(dev).blocks["0"].attn.q.weight.detach()
+    held = rows_held(model.blocks["0"].attn.q.weight, init_q)
     dp_rank = mesh["dp"].get_local_rank()
     train(model, X.chunk(rows)[dp_rank], Y.chunk(rows)[dp_rank])
     q = model.blocks["0"].attn.q.weight
     diff = max(max_diff(p, ref) for p, ref in zip(model.parameters(), reference.parameters(), strict=True))
     coords = mesh.get_coordinate()
     rprint(f"FSDP x TP  rank {r} at (dp, tp) = {tuple(coords)}: attn.q.weight {list(q.shape)} placed "
-           f"{[str(p) for p in q.placements]} -> holds {list(q.to_local().shape)}; batch rows "
-           f"{dp_rank * 8 // rows}-{(dp_rank + 1) * 8 // rows - 1}; max |diff| vs one process after {STEPS} steps "
+           f"{[str(p) for p in q.placements]} -> holds {list(q.to_local().shape)}, rows {held[0]}-{held[-1]}; batch "
+           f"rows {dp_rank * 8 // rows}-{(dp_rank + 1) * 8 // rows - 1}; max |diff| vs one process after {STEPS} steps "
            f"{diff:.1e} (< {TOL:.0e}: {diff < TOL})")
     assert diff < TOL, "FSDP x TP differs from one process"
     record["fsdp_tp"] = {"coords": list(coords), "placements": [str(p) for p in q.placements],
-                         "local": list(q.to_local().shape), "global": list(q.shape), "diff": diff}
+                         "local": list(q.to_local().shape), "global": list(q.shape), "diff": diff, "rows": held}
 
     # HSDP: shard within each row ("shard"), replicate across rows ("replicate"); all ranks get own data.
     mesh = init_device_mesh(dev.type, (rows, cols), mesh_dim_names=("replicate", "shard"))
@@ -96,6 +105,7 @@ def main() -> None:
     for block in model.blocks.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    held = rows_held(model.blocks["0"].attn.q.weight, init_q)
     train(model, X.chunk(n)[r], Y.chunk(n)[r])
     q = model.blocks["0"].attn.q.weight
     diff = max(max_diff(p, ref) for p, ref in zip(model.parameters(), reference.parameters(), strict=True))
@@ -104,7 +114,7 @@ def main() -> None:
            f"{diff:.1e} (< {TOL:.0e}: {diff < TOL})")
     assert diff < TOL, "HSDP differs from one process"
     record["hsdp"] = {"coords": list(mesh.get_coordinate()), "placements": [str(p) for p in q.placements],
-                      "local": list(q.to_local().shape), "diff": diff}
+                      "local": list(q.to_local().shape), "diff": diff, "rows": held}
     write_record(args.out, "mesh2d", r, record)
     cleanup()
 

@@ -30,7 +30,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from course_utils.ch07_parallelism import Stack, bubble_fraction, max_diff, seeded, write_record
+from course_utils.ch07_parallelism import (
+    Stack,
+    bubble_fraction,
+    max_diff,
+    run_in_unit_time,
+    schedule_orders,
+    seeded,
+    timeline_facts,
+    write_record,
+)
 from course_utils.dist import cleanup, rprint, setup
 
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
@@ -61,37 +70,6 @@ def timed(stage: PipelineStage, events: list, clock: Callable[[], float]) -> Non
             return result
 
         setattr(stage, method, wrapper)
-
-
-def unit_bubble(orders: list[list[tuple[str, int]]], backward_cost: int = 2) -> float:
-    """The bubble of the order each stage ran its actions in, as if a forward took 1 unit of time and a
-    backward `backward_cost` and messages took none: a stage starts an action when it has finished its
-    previous one and its input exists (F of micro-batch i needs F of i on the stage before; B of i
-    needs B of i on the stage after, or F of i on the last stage)."""
-    stages = len(orders)
-    done: dict[tuple[int, str, int], int] = {}
-    position, clock = [0] * stages, [0] * stages
-    while any(position[s] < len(orders[s]) for s in range(stages)):
-        moved = False
-        for s in range(stages):
-            if position[s] == len(orders[s]):
-                continue
-            kind, mb = orders[s][position[s]]
-            need = (s - 1, "F", mb) if kind == "F" else (s + 1, "B", mb) if s < stages - 1 else (s, "F", mb)
-            if kind == "F" and s == 0:
-                need = None
-            if need is not None and need not in done:
-                continue
-            start = max(clock[s], done[need] if need else 0)
-            clock[s] = start + (1 if kind == "F" else backward_cost)
-            done[(s, kind, mb)] = clock[s]
-            position[s] += 1
-            moved = True
-        if not moved:
-            raise RuntimeError("the stages' orders wait on each other: not a valid schedule")
-    span = max(clock)
-    busy = sum(1 if k == "F" else backward_cost for o in orders for k, _ in o)
-    return 1 - busy / (stages * span)
 
 
 def main() -> None:
@@ -172,8 +150,12 @@ def main() -> None:
         order = [(k, mb) for k, mb, _, _ in sorted(events, key=lambda e: e[2])]
         orders: list = [None] * n
         dist.all_gather_object(orders, order)
+        orders = [[tuple(a) for a in o] for o in orders]
         results[name] = {"diffs": diffs, "worst": worst.item(), "events": events, "span": span,
-                         "busy": busy, "peak_in_flight": peak, "unit_bubble": unit_bubble(orders)}
+                         "busy": busy, "peak_in_flight": peak,
+                         "unit_bubble": timeline_facts(run_in_unit_time(orders))["bubble"],
+                         "order_as_modelled": orders == schedule_orders(name, n, m)}
+        assert results[name]["order_as_modelled"], f"{name} ran its actions in an order the course does not model"
         rprint(f"{name:<5} stage {r}: max |diff| vs unsplit {worst.item():.1e} (< {TOL:.0e}: "
                f"{worst.item() < TOL}); micro-batches held at once: {peak} of {m}; "
                f"busy {1000 * busy:.0f} ms of a {1000 * span:.0f} ms step")

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import pickle
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # the flight recorder: read when the group starts
 
@@ -92,12 +94,46 @@ def flight_record() -> list[tuple[int, str, int]]:
             if e["process_group"][1] == "default_pg" and not e["is_p2p"]]
 
 
+def run_plans(path: str, model: nn.Module, r: int, n: int, dev) -> list[dict]:
+    """(The chapter's exercise.) Each plan in the JSON file at `path` (``{"lengths": [...], "plans":
+    [plan, ...]}``, a plan being ``plan[rank][step]`` = sample indices) run for real: every rank reads its
+    batches of the step (a sample of length L is L tokens of work), then the step's all-reduce; what each
+    rank did, gathered. A plan that gives the ranks different numbers of steps is refused before any
+    collective (a rank would wait forever for the others)."""
+    job = json.loads(Path(path).read_text())
+    lengths, results = job["lengths"], []
+    for plan in job["plans"]:
+        steps = [len(p) for p in plan]
+        if len(plan) != n or len(set(steps)) != 1:
+            results.append({"error": f"the plan must give each of the {n} ranks the same number of steps; it "
+                                     f"gives {steps}"})
+            continue
+        if any(not 0 <= i < len(lengths) for p in plan for b in p for i in b):
+            results.append({"error": f"a sample index is outside 0..{len(lengths) - 1}"})
+            continue
+        tokens, waited, seen = [], 0.0, []
+        for batch in plan[r]:
+            seen += batch
+            count = sum(lengths[i] for i in batch)
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(count, WIDTH, device=dev)).pow(2).mean().backward()
+            flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            t1 = time.perf_counter()
+            dist.all_reduce(flat)
+            sync(dev)
+            waited += time.perf_counter() - t1
+            tokens.append(count)
+        results.append({"tokens": gather(tokens, n), "indices": gather(seen, n), "waited_ms": gather(1000 * waited, n)})
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slow-rank", type=int, default=1, help="the rank that is made slower")
     parser.add_argument("--delay", type=float, default=0.1, help="seconds the slow rank sleeps in each step")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per measurement")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per measurement")
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
+    parser.add_argument("--plans", default=None, help="(the exercise) a JSON file of batch plans to run")
     args = parser.parse_args()
     if args.delay < 0 or args.steps < 1:
         parser.error("--delay must be 0 or more seconds and --steps at least 1")
@@ -114,6 +150,12 @@ def main() -> None:
     # rank is here (making a group is itself a collective).
     monitor = dist.new_group(backend="gloo") if n > 1 else None
     model = make(dev)
+    if args.plans is not None:
+        results = run_plans(args.plans, model, r, n, dev)
+        write_record(args.out, "straggler_plans", r, {"rank": r, "results": results})
+        rprint(f"{len(results)} plan(s) run: " + ", ".join("refused" if "error" in res else "ran" for res in results))
+        cleanup()
+        return
     x = torch.randn(256, WIDTH, generator=torch.Generator().manual_seed(r)).to(dev)
     record = {"rank": r, "world": n, "slow_rank": slow, "delay": args.delay}
 
@@ -139,7 +181,7 @@ def main() -> None:
     named = None
     if monitor is not None:
         if r == slow:
-            time.sleep(max(0.6, 3 * args.delay))
+            time.sleep(max(0.8, 3 * args.delay))  # well past the timeout below
         try:
             with quiet_native_stderr():  # (gloo also logs the report on stderr; rank 0 prints it below)
                 dist.monitored_barrier(group=monitor, timeout=datetime.timedelta(seconds=0.3), wait_all_ranks=True)
@@ -166,7 +208,7 @@ def main() -> None:
                f"{len(seqs)} collectives")
 
     # 4. Balancing variable-length samples: random batches against length-sorted buckets.
-    lengths = [int(v) for v in torch.randint(8, 257, (64 * n,), generator=torch.Generator().manual_seed(0))]
+    lengths = [int(v) for v in torch.randint(8, 257, (32 * n,), generator=torch.Generator().manual_seed(0))]
     balance = {}
     for name, plan in (("random", random_batches(lengths, n, 4, seed=0)),
                        ("length-sorted", length_grouped_batches(lengths, n, 4, seed=0))):

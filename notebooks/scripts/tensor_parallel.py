@@ -21,6 +21,7 @@ import argparse
 import copy
 import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -87,24 +88,31 @@ def compare(name: str, ref: nn.Module, tp: nn.Module, x: torch.Tensor, mesh, sha
         "shards": {p_name: [list(p.shape), list(p.to_local().shape) if hasattr(p, "to_local") else list(p.shape)]
                    for p_name, p in tp.named_parameters()},
         "activation": list(out.shape),
+        "grad_placements": {p_name: [str(pl) for pl in p.grad.placements] for p_name, p in tp.named_parameters()
+                            if hasattr(p.grad, "placements")},
     }
 
 
-def run_plan(plan_json: str, mesh, x: torch.Tensor) -> dict:
-    """The exercise's plan for the attention: {name: [style, {option: value}]} applied and compared.
-    An error (a shape that does not fit) is reported, not raised: every rank meets the same one."""
-    attn = seeded(lambda: Block(DIM, HEADS, HIDDEN), 0).attn
-    try:
-        tp = parallelize_module(copy.deepcopy(attn), mesh, plan_from_spec(json.loads(plan_json)))
-        return compare("plan", attn, tp, x, mesh, shard_seq=False)
-    except Exception as exc:  # noqa: BLE001 - the learner's plan may fail in many ways: report it
-        return {"name": "plan", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+def run_plans(path: str, mesh, x: torch.Tensor) -> list[dict]:
+    """(The chapter's exercise.) Each plan for the attention in the JSON file at `path` (a list of
+    ``{layer: [style, {option: value}]}``), applied and compared. An error (a shape that does not fit) is
+    reported, not raised: every rank meets the same one at the same point, so none waits for another."""
+    attn = seeded(lambda: Block(DIM, HEADS, HIDDEN), 0).attn.to(x.device)
+    results = []
+    for spec in json.loads(Path(path).read_text()):
+        try:
+            tp = parallelize_module(copy.deepcopy(attn), mesh, plan_from_spec(spec))
+            res = compare("plan", attn, tp, x, mesh, shard_seq=False)
+        except Exception as exc:  # noqa: BLE001 - a learner's plan may fail in many ways: report it
+            res = {"name": "plan", "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+        results.append(res)
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
-    parser.add_argument("--plan", default=None, help="(the exercise) a plan for the attention, as JSON")
+    parser.add_argument("--plans", default=None, help="(the exercise) a JSON file of plans for the attention")
     args = parser.parse_args()
 
     ctx = setup()
@@ -118,10 +126,10 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, SEQ, DIM, generator=gen, dtype=torch.float64).to(dev)
 
-    if args.plan is not None:
-        result = run_plan(args.plan, mesh, x)
-        rprint(json.dumps(result))
-        write_record(args.out, "tp_plan", r, result)
+    if args.plans is not None:
+        results = run_plans(args.plans, mesh, x)
+        write_record(args.out, "tp_plans", r, {"rank": r, "results": results})
+        rprint(f"{len(results)} plan(s) tried: " + ", ".join("error" if "error" in res else "ran" for res in results))
         cleanup()
         return
 
