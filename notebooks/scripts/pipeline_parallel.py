@@ -64,8 +64,12 @@ def timed(stage: PipelineStage, events: list, clock: Callable[[], float]) -> Non
         original = getattr(stage, method)
 
         def wrapper(chunk, *args, _original=original, _kind=kind, **kwargs):
+            if stage.device.type == "cuda":  # (kernels run asynchronously: time them, not their launch)
+                torch.cuda.synchronize(stage.device)
             start = clock()
             result = _original(chunk, *args, **kwargs)
+            if stage.device.type == "cuda":
+                torch.cuda.synchronize(stage.device)
             events.append((_kind, int(chunk), start, clock()))
             return result
 

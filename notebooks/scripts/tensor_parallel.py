@@ -143,6 +143,13 @@ def main() -> None:
     for sp in (False, True):
         tp = parallelize_module(copy.deepcopy(block), mesh, tp_plan(sp))
         results.append(compare("block + sequence parallel" if sp else "block", block, tp, x, mesh, shard_seq=sp))
+    # One SGD step on the last split (sequence parallel): the norms' Partial gradients get summed now.
+    torch.optim.SGD(block.parameters(), lr=0.1).step()
+    with CommDebugMode() as step_mode:
+        torch.optim.SGD(tp.parameters(), lr=0.1).step()
+    ref_params = dict(block.named_parameters())
+    step = {"collectives": counts(step_mode),
+            "diff": max(max_diff(p, ref_params[name]) for name, p in tp.named_parameters())}
     seconds = time.perf_counter() - t0
 
     for res in results:
@@ -151,10 +158,14 @@ def main() -> None:
                f"{res['input_grad']:.1e}, weight grads {res['weight_grads']:.1e}  (< {TOL:.0e}: {ok})")
         rprint(f"{'':<26} collectives: forward {res['forward']}, backward {res['backward']}")
         assert ok, f"{res['name']}: the split block differs from the unsplit one"
+    rprint(f"one SGD step of the sequence-parallel block: collectives {step['collectives']}; max |diff| of the "
+           f"weights vs the unsplit block's step {step['diff']:.1e} (< {TOL:.0e}: {step['diff'] < TOL})")
+    assert step["diff"] < TOL, "the split block's SGD step differs from the unsplit one's"
     for p_name in ("attn.q.weight", "attn.o.weight", "mlp.up.weight", "mlp.down.weight", "norm1.weight"):
         full, local = results[3]["shards"][p_name]
         rprint(f"{p_name:<16} full {str(full):<10} -> this rank holds {local}")
-    write_record(args.out, "tp", r, {"rank": r, "world": n, "results": results, "seconds": seconds})
+    write_record(args.out, "tp", r, {"rank": r, "world": n, "results": results, "sgd_step": step,
+                                     "seconds": seconds})
     cleanup()
 
 
