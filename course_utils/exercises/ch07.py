@@ -162,8 +162,8 @@ def _as_plan(answer) -> list:
 
 
 def _observe_q3(answer, _):
-    plan = _as_plan(answer)
-    others = [answer_q3()] + list(_q3_mistakes().values())
+    plan = [[sorted(b) for b in rank] for rank in _as_plan(answer)]  # (the order inside a batch changes nothing)
+    others = [[[sorted(b) for b in rank] for rank in p] for p in [answer_q3(), *_q3_mistakes().values()]]
     res = _ranks_said("stragglers.py", "straggler_plans", plan, others,
                       wrap=lambda plans: {"lengths": Q3_LENGTHS, "plans": plans})
     yield tr("the ranks refused the plan", "各 rank 拒绝了该计划"), res.get("error", tr("no", "否"))
@@ -173,8 +173,9 @@ def _observe_q3(answer, _):
     yield tr("every sample read exactly once", "每个样本恰好被读取一次"), read == list(range(len(Q3_LENGTHS)))
     steps = list(zip(*res["tokens"], strict=True))
     ratio = sum(max(s) for s in steps) / sum(sum(s) / len(s) for s in steps)
-    yield tr("the busiest rank's tokens at most 1.05 times the mean's, over the steps",
-             "各步中最忙 rank 的 token 数不超过平均值的 1.05 倍"), ratio <= 1.05
+    balanced = tr("yes", "是") if ratio <= 1.05 else tr(f"no: {ratio:.2f} times the mean", f"否：是平均值的 {ratio:.2f} 倍")
+    yield tr("balanced (the busiest rank's tokens, summed over the steps, at most 1.05 times the mean's)",
+             "是否均衡（各步中最忙 rank 的 token 数之和不超过平均值的 1.05 倍）"), balanced
 
 
 def _q3_mistakes() -> dict:
@@ -203,7 +204,7 @@ def ring_bytes(nbytes, world_size):
     return 2 * (world_size - 1) / world_size * nbytes
 
 
-_Q4_CASES = [(4_000_000, 2), (4_000_000, 4), (1024, 3), (6_000, 8), (100, 1)]
+_Q4_CASES = [(4_000_000, 4), (4_000_000, 2), (1024, 3), (6_000, 8), (100, 1)]
 q4 = Exercise(
     "Q4",
     ring_bytes,
