@@ -189,12 +189,17 @@ def main() -> None:
             if r == 0:
                 named = str(exc).splitlines()[0]
         dist.barrier()  # (on the default group: the monitor's is closed after a timeout)
-    # (c) The flight recorder: for each collective, which rank called it last.
+    # (c) The flight recorder: for each collective that some rank waited for (the ranks called it more
+    #     than half the delay apart), which rank called it last.
     records = gather(flight_record(), n)
     last: dict[int, int] = {}
     seqs = set.intersection(*[{s for s, _, _ in rec} for rec in records]) if n > 1 else set()
-    for seq in seqs:
+    waited_for = 0
+    for seq in sorted(seqs):
         times = [next(t for s, _, t in rec if s == seq) for rec in records]
+        if max(times) - min(times) < 0.5 * args.delay * 1e9:
+            continue
+        waited_for += 1
         latest = max(range(n), key=times.__getitem__)
         last[latest] = last.get(latest, 0) + 1
     found_fr = max(last, key=last.get) if last else None
@@ -204,8 +209,8 @@ def main() -> None:
         rprint(f"found by per-rank timings: rank {found_timings} (compute ms per rank "
                f"{[round(1000 * c, 1) for c in computes]})")
         rprint(f"found by monitored_barrier: {named}")
-        rprint(f"found by the flight recorder: rank {found_fr} called last in {last.get(found_fr, 0)} of "
-               f"{len(seqs)} collectives")
+        rprint(f"found by the flight recorder: of the {waited_for} collectives whose calls were more than half "
+               f"the delay apart, rank {found_fr} called {last.get(found_fr, 0)} last")
 
     # 4. Balancing variable-length samples: random batches against length-sorted buckets.
     lengths = [int(v) for v in torch.randint(8, 257, (32 * n,), generator=torch.Generator().manual_seed(0))]
