@@ -79,7 +79,7 @@ def step_times(model: DDP, x: torch.Tensor, dev, steps: int) -> dict:
     marks: dict[str, float] = {}
     first_layer.register_post_accumulate_grad_hook(lambda p: marks.__setitem__("grads", time.perf_counter()))
     rows = []
-    for _ in range(steps + 2):  # 2 warm-up steps: DDP rebuilds its buckets after the first
+    for _ in range(steps + 1):  # 1 warm-up step: DDP rebuilds its buckets in the second forward
         model.zero_grad(set_to_none=True)
         loss = model(x).pow(2).mean()
         dist.barrier()
@@ -95,7 +95,7 @@ def step_times(model: DDP, x: torch.Tensor, dev, steps: int) -> dict:
         rows.append({"backward": t_end, "compute_end": t_grads, "exposed": max(0.0, t_end - t_grads),
                      "overlapped": overlapped, "comm": comm, "buckets": len(buckets),
                      "bucket_bytes": [b for _, _, b in buckets]})
-    rows = rows[2:]
+    rows = rows[1:]
     med = {k: statistics.median(r[k] for r in rows) for k in ("backward", "compute_end", "exposed", "overlapped", "comm")}
     return {**med, "buckets": rows[-1]["buckets"], "bucket_bytes": rows[-1]["bucket_bytes"]}
 
@@ -173,7 +173,7 @@ def main() -> None:
     # Without overlap: backward alone (no_sync), then one all-reduce of every gradient at the end.
     model = DDP(make(dev), bucket_cap_mb=1)
     times = []
-    for _ in range(args.steps + 2):
+    for _ in range(args.steps + 1):
         model.zero_grad(set_to_none=True)
         loss = model(x).pow(2).mean()
         dist.barrier()
@@ -184,7 +184,7 @@ def main() -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         dist.all_reduce(flat)
         times.append((t1 - t0, time.perf_counter() - t1))
-    compute, comm = (statistics.median(t[i] for t in times[2:]) for i in (0, 1))
+    compute, comm = (statistics.median(t[i] for t in times[1:]) for i in (0, 1))
     record["sequential"] = {"compute": compute, "comm": comm}
     rprint(f"no overlap: backward alone {1000 * compute:.1f} ms, then one all-reduce of all gradients "
            f"{1000 * comm:.1f} ms")
