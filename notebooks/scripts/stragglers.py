@@ -87,10 +87,13 @@ def gather(obj, n: int) -> list:
     return out
 
 
-def flight_record() -> list[tuple[int, str, int]]:
-    """This rank's flight recorder: (sequence number, collective, when the rank called it in ns)."""
-    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
-    return [(e["collective_seq_id"], e["profiling_name"], e["time_created_ns"]) for e in trace["entries"]
+def flight_record(backend: str) -> list[tuple[int, str, int]]:
+    """This rank's flight recorder: (sequence number, collective, when the rank called it in ns). nccl keeps
+    its own recorder (``_dump_nccl_trace``); gloo's is ``_dump_fr_trace``."""
+    c10d = torch._C._distributed_c10d
+    dump = c10d._dump_nccl_trace if backend == "nccl" else c10d._dump_fr_trace
+    trace = pickle.loads(dump(includeStackTraces=False))
+    return [(e["collective_seq_id"], e["profiling_name"], e["time_created_ns"]) for e in trace.get("entries", [])
             if e["process_group"][1] == "default_pg" and not e["is_p2p"]]
 
 
@@ -191,7 +194,7 @@ def main() -> None:
         dist.barrier()  # (on the default group: the monitor's is closed after a timeout)
     # (c) The flight recorder: for each collective that some rank waited for (the ranks called it more
     #     than half the delay apart), which rank called it last.
-    records = gather(flight_record(), n)
+    records = gather(flight_record(ctx.backend), n)
     last: dict[int, int] = {}
     seqs = set.intersection(*[{s for s, _, _ in rec} for rec in records]) if n > 1 else set()
     waited_for = 0
