@@ -573,6 +573,12 @@ STRESS_SCRIPTS = [
     ("collective_mismatch.py", 2, ["--fixed"]),
     ("spawn_demo.py", 0, []),
     ("train.py", 2, ["--out-dir", "{out}"]),
+    ("tensor_parallel.py", 2, ["--out", "{out}"]),
+    ("pipeline_parallel.py", 2, ["--out", "{out}"]),
+    ("mesh_2d.py", 4, ["--out", "{out}"]),
+    ("comm_overlap.py", 2, ["--out", "{out}"]),
+    ("stragglers.py", 2, ["--out", "{out}"]),
+    ("fsdp2_in_depth.py", 2, ["--ckpt", "{out}/ckpt", "--out", "{out}"]),
 ]
 STRESS_LOGS = ROOT / ".stress"
 
@@ -721,7 +727,8 @@ def cmd_test_gpu(argv):
     return 0 if rc == 0 and not failed else 1
 
 
-SPAWN_NOTEBOOKS = ("03_data_loading.ipynb", "04_distributed.ipynb", "05_full_pipeline.ipynb", "06_pitfalls.ipynb")
+SPAWN_NOTEBOOKS = ("03_data_loading.ipynb", "04_distributed.ipynb", "05_full_pipeline.ipynb", "06_pitfalls.ipynb",
+                   "07_parallelism.ipynb")
 
 
 def cmd_test_spawn(argv):

@@ -332,12 +332,15 @@ def _stop(
 # --- the warm engine: ranks forked from a server that imported torch once --------------------
 
 _WARM_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
+# More modules for the server to import (comma-separated), set by ``warm_up(imports=...)``: a chapter whose
+# scripts import heavy parts of torch (DTensor, pipelining: seconds each) pays for them once, not per rank.
+WARM_IMPORTS_VAR = "COURSE_WARM_IMPORTS"
 # Variables that the interpreter, torch or its libraries may read once, at start-up or import
 # (TORCH_DISTRIBUTED_DEBUG and TORCH_LOGS are read by ``import torch``; PYTHONHASHSEED by Python):
 # a forked rank keeps what its server read, so a job runs on a server started with the same values.
 _IMPORT_TIME = (
     "TORCH", "PYTORCH", "PYTHON", "CUDA", "CUBLAS", "CUDNN", "NCCL", "GLOO", "OMP_", "MKL",
-    "KMP_", "OPENBLAS", "LD_", "HIP", "ROCM",
+    "KMP_", "OPENBLAS", "LD_", "HIP", "ROCM", WARM_IMPORTS_VAR,
 )
 
 
@@ -444,7 +447,8 @@ def _serve() -> None:
     import json
     import select
 
-    for name in _WARM_IMPORTS:
+    extra = [m.strip() for m in os.environ.get(WARM_IMPORTS_VAR, "").split(",") if m.strip()]
+    for name in (*_WARM_IMPORTS, *extra):
         importlib.import_module(name)
     reply_fd = os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)
@@ -640,10 +644,19 @@ class _Server:
                 pipe.close()
 
 
-def warm_up() -> None:
+def warm_up(imports: Sequence[str] = ()) -> None:
     """Start the warm engine's server now, in the background, so that the first launch does not
     wait for it to import torch (a notebook calls this in its first cell). Does nothing where the
-    warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun)."""
+    warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun).
+
+    `imports`: more modules for the server to import, which every rank it forks then has already
+    (e.g. ``torch.distributed.tensor``); they are kept in ``COURSE_WARM_IMPORTS``, so that the later
+    launches of this process find that server. (A module the server cannot import stops it, and the
+    launches then run with torchrun, with a warning that says why.)"""
+    if isinstance(imports, str) or not all(isinstance(m, str) and m and "," not in m for m in imports):
+        raise ValueError(f"warm_up(imports=...) takes a list of module names, got {imports!r}")
+    if imports:
+        os.environ[WARM_IMPORTS_VAR] = ",".join(imports)
     env = _job_env({})
     key = _import_time(env)
     if _choose_engine(None, 0) != "warm" or key in _Server.unsafe:

@@ -1367,6 +1367,135 @@ CH06_Q5 = {
     },
 }
 
+
+# ------------------------------------------------------------------------------ ch07
+# Q1 and Q3 run the answer on 2 real ranks (one launch per answer the check has not seen yet).
+
+
+def _tp(**kinds):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    made = {"col": ColwiseParallel, "row": RowwiseParallel,
+            "col_explicit": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
+            "row_explicit": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()),
+            "row_dtensor": lambda: RowwiseParallel(use_local_output=False),
+            "row_sharded_out": lambda: RowwiseParallel(output_layouts=Shard(-1)),
+            "col_replicated_out": lambda: ColwiseParallel(output_layouts=Replicate())}
+    return {name: made[kind]() for name, kind in kinds.items()}
+
+
+CH07_Q1 = {
+    "right": {
+        "keys in another order": lambda: _tp(o="row", v="col", k="col", q="col"),
+        "the layouts written out": lambda: _tp(q="col_explicit", k="col_explicit", v="col_explicit", o="row_explicit"),
+        "o's output left a DTensor": lambda: _tp(q="col", k="col", v="col", o="row_dtensor"),
+        "built with dict()": lambda: dict(_tp(q="col", k="col", v="col", o="row")),
+        "an OrderedDict": lambda: OrderedDict(_tp(q="col", k="col", v="col", o="row")),
+    },
+    "wrong": {
+        "only q split": lambda: _tp(q="col"),
+        "only o split": lambda: _tp(o="row"),
+        "o's output left sharded": lambda: _tp(q="col", k="col", v="col", o="row_sharded_out"),
+        "every layer row-wise": lambda: _tp(q="row", k="row", v="row", o="row"),
+        "q, k, v gathered after their split": lambda: _tp(q="col_replicated_out", k="col_replicated_out",
+                                                          v="col_replicated_out", o="row"),
+        "layer names of the whole block": lambda: {f"attn.{k}": v for k, v in _tp(q="col", k="col", v="col", o="row").items()},
+    },
+}
+
+
+def _bubble(expr):
+    def bubble(stages, microbatches):
+        return eval(expr, {"np": np, "torch": torch}, {"p": stages, "m": microbatches})  # noqa: S307 - a formula
+
+    return bubble
+
+
+CH07_Q2 = {
+    "right": {
+        "one minus the busy part": lambda: _bubble("1 - m / (m + p - 1)"),
+        "idle slots over all slots": lambda: _bubble("p * (p - 1) / (p * (m + p - 1))"),
+        "a numpy float": lambda: _bubble("np.float64(p - 1) / (m + p - 1)"),
+        "a 0-d tensor": lambda: _bubble("torch.tensor(p - 1.0) / (m + p - 1)"),
+        "fill and drain counted apart": lambda: _bubble("((p - 1) / 2 + (p - 1) / 2) / (m + p - 1)"),
+    },
+    "wrong": {
+        "m + p in the denominator": lambda: _bubble("(p - 1) / (m + p)"),
+        "the busy fraction": lambda: _bubble("m / (m + p - 1)"),
+        "m - 1 in the denominator": lambda: _bubble("(p - 1) / (m - 1)"),
+        "twice the bubble (forward and backward)": lambda: _bubble("2 * (p - 1) / (m + p - 1)"),
+        "stages over micro-batches": lambda: _bubble("p / m"),
+    },
+}
+
+
+def _q3_plan(kind):
+    from course_utils.ch07_parallelism import Q3_LENGTHS, random_batches
+    from course_utils.exercises.ch07 import answer_q3
+
+    model = answer_q3()
+    order = sorted(range(32), key=lambda i: Q3_LENGTHS[i], reverse=True)
+    if kind == "reversed inside batches":
+        return [[b[::-1] for b in rank] for rank in model]
+    if kind == "tuples":
+        return tuple(tuple(tuple(b) for b in rank) for rank in model)
+    if kind == "tensors":
+        return [[torch.tensor(b) for b in rank] for rank in model]
+    if kind == "round robin":
+        return [[[order[8 * s + j] for j in range(r, 8, 2)] for s in range(4)] for r in range(2)]
+    if kind == "longest with shortest":
+        asc = sorted(range(32), key=lambda i: Q3_LENGTHS[i])
+        flat = [[], []]
+        for k in range(16):
+            flat[k % 2] += [asc[k], asc[31 - k]]
+        return [[f[4 * s:4 * s + 4] for s in range(4)] for f in flat]
+    if kind == "the data set's order":
+        return [[list(range(8 * s, 8 * s + 4)) for s in range(4)], [list(range(8 * s + 4, 8 * s + 8)) for s in range(4)]]
+    if kind == "another random split":
+        return random_batches(Q3_LENGTHS, 2, 4, seed=1)
+    if kind == "neighbours, the longer half to rank 0":
+        return [[[order[8 * s + j] for j in range(4 * r, 4 * r + 4)] for s in range(4)] for r in range(2)]
+    if kind == "one sample twice, another never":
+        return [model[0], model[1][:3] + [model[1][3][:3] + [model[0][0][0]]]]
+    if kind == "one rank with 3 steps":
+        return [model[0], model[1][:3]]
+    raise AssertionError(kind)
+
+
+CH07_Q3 = {
+    "right": {k: (lambda k=k: _q3_plan(k)) for k in ("reversed inside batches", "tuples", "tensors", "round robin",
+                                                      "longest with shortest")},
+    "wrong": {k: (lambda k=k: _q3_plan(k)) for k in ("the data set's order", "another random split",
+                                                      "neighbours, the longer half to rank 0", "one sample twice, another never",
+                                                      "one rank with 3 steps")},
+}
+
+
+def _ring(expr):
+    def ring_bytes(nbytes, world_size):
+        return eval(expr, {"np": np, "torch": torch, "max": max}, {"n": world_size, "b": nbytes})  # noqa: S307
+
+    return ring_bytes
+
+
+CH07_Q4 = {
+    "right": {
+        "2 b - 2 b / n": lambda: _ring("2 * b - 2 * b / n"),
+        "two halves": lambda: _ring("(n - 1) / n * b + (n - 1) / n * b"),
+        "chunks times steps": lambda: _ring("2 * (n - 1) * (b / n)"),
+        "a numpy float": lambda: _ring("np.float64(2 * (n - 1) * b) / n"),
+        "a 0-d tensor": lambda: _ring("torch.tensor(2.0 * (n - 1) * b / n)"),
+    },
+    "wrong": {
+        "n + 1 instead of n - 1": lambda: _ring("2 * (n + 1) / n * b"),
+        "the whole tensor in each reduce-scatter step": lambda: _ring("(n - 1) * b"),
+        "the tensor once": lambda: _ring("b"),
+        "divided by n - 1": lambda: _ring("2 * b / max(n - 1, 1)"),
+        "bits, not bytes": lambda: _ring("8 * 2 * (n - 1) / n * b"),
+    },
+}
+
 SIMULATION = {
     ("ch00", "q1"): CH00_Q1,
     ("ch01", "q1"): CH01_Q1, ("ch01", "q2"): CH01_Q2, ("ch01", "q3"): CH01_Q3, ("ch01", "q4"): CH01_Q4,
@@ -1376,6 +1505,7 @@ SIMULATION = {
     ("ch05", "q1"): CH05_Q1, ("ch05", "q2"): CH05_Q2, ("ch05", "q3"): CH05_Q3, ("ch05", "q4"): CH05_Q4,
     ("ch06", "q1"): CH06_Q1, ("ch06", "q2"): CH06_Q2, ("ch06", "q3"): CH06_Q3, ("ch06", "q4"): CH06_Q4,
     ("ch06", "q5"): CH06_Q5,
+    ("ch07", "q1"): CH07_Q1, ("ch07", "q2"): CH07_Q2, ("ch07", "q3"): CH07_Q3, ("ch07", "q4"): CH07_Q4,
 }
 
 # ------------------------------------------------------------------------------ ch03 q5 (num_workers from epoch times)

@@ -727,6 +727,27 @@ def test_warm_up_starts_the_server_that_the_next_launch_uses(monkeypatch):
     assert launch._Server.idle == []
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the warm engine is for Linux")
+def test_warm_up_imports_reach_the_ranks_through_their_own_server(tmp_path, monkeypatch):
+    """warm_up(imports=...) makes the server import more modules, which its ranks then have before their
+    first line; the setting is kept in the environment, so that later launches find that server (a
+    server without them is another one)."""
+    monkeypatch.delenv(launch.WARM_IMPORTS_VAR, raising=False)
+    monkeypatch.delenv("COURSE_LAUNCHER", raising=False)
+    (tmp_path / "has.py").write_text("import sys\nprint('colorsys' in sys.modules)\n")
+    plain = torchrun("has.py", nproc=2, show=False, cwd=tmp_path, engine="warm", timeout=300)
+    assert plain.logs == ["False\n"] * 2
+    launch.warm_up(imports=["colorsys"])  # a module nothing else imports
+    assert os.environ[launch.WARM_IMPORTS_VAR] == "colorsys"
+    warmed = torchrun("has.py", nproc=2, show=False, cwd=tmp_path, engine="warm", timeout=300)
+    assert warmed.logs == ["True\n"] * 2
+    with pytest.raises(ValueError, match="list of module names"):
+        launch.warm_up(imports="colorsys")  # a string, not a list of names
+    with pytest.raises(ValueError, match="list of module names"):
+        launch.warm_up(imports=["a,b"])
+
+
 def test_choose_backend_warns_when_a_gpu_node_has_fewer_gpus_than_processes():
     import warnings
     from unittest import mock
