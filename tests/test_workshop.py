@@ -54,7 +54,8 @@ def course_map() -> dict[str, int]:
         if cell["cell_type"] == "markdown" and text.startswith("## The course map"):
             header, *rows = _tables(text)[0]
             name, time = header.index("notebook"), header.index("time")
-            minutes = [int(re.fullmatch(r"(\d+) min", row[time]).group(1)) for row in rows]
+            minutes = [0 if row[time] == "self-study" else int(re.fullmatch(r"(\d+) min", row[time]).group(1))
+                       for row in rows]  # a self-study chapter: no slot in the workshop
             return {row[name].strip("`"): m for row, m in zip(rows, minutes, strict=True)}
     raise AssertionError("00_start_here.ipynb has no '## The course map' cell")
 

@@ -159,12 +159,16 @@ def selfstudy(notebook: Path) -> str:
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     b = corepath.budget(notebook)
     wpm = corepath.WORDS_PER_MINUTE
-    parts = [
-        f"The core path (what the slides show): {b.words:,} words, about {b.reading:.0f} min of reading at "
-        f"{wpm} words a minute, plus {b.exercises} min of exercises: {b.minutes} of the {b.slot}-min slot."
-        + ("" if b.fits else " That is over the slot: the timed plan above says what to skim, until the "
-           "chapter's longer material moves into deep dives.") + "\n"
-    ]
+    reading = f"about {{:.0f}} min of reading at {wpm} words a minute, plus {b.exercises} min of exercises"
+    if b.slot == 0:  # not in the workshop's day
+        words = b.words + b.deep_words
+        parts = [f"The whole chapter is self-study: the workshop does not teach it. {words:,} words, "
+                 f"{reading.format(words / wpm)}.\n"]
+    else:
+        over = ("" if b.fits else " That is over the slot: the timed plan above says what to skim, until the "
+                "chapter's longer material moves into deep dives.")
+        parts = [f"The core path (what the slides show): {b.words:,} words, {reading.format(b.reading)}: "
+                 f"{b.minutes} of the {b.slot}-min slot.{over}\n"]
     rows, after = [], ""
     for section in corepath.sections(nb):
         if section.deep:
