@@ -241,8 +241,9 @@ def test_command_counts_what_was_recorded(private_file, monkeypatch, capsys):
     assert progress.main([]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("03_data_loading"))
-    # Practice (chapter 00's) is blank; Q1-Q5; the count
-    assert row.split() == ["03_data_loading", "not", "yet", "done", "not", "yet", "tried", "not", "yet", "1/5"]
+    # Practice (chapter 00's) is blank; Q1-Q6; the count
+    assert row.split() == ["03_data_loading", "not", "yet", "done", "not", "yet", "tried", "not", "yet", "not", "yet",
+                           "1/6"]
     assert "total: 1 done, 1 tried," in out and "Recording is on (COURSE_PROGRESS=1" in out
 
 
