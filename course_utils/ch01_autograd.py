@@ -488,7 +488,8 @@ def backward_steps(
     for t in leaves:
         t.grad = None
     record = []
-    hook = lambda n: lambda gi, go: record.append((n, gi, go))  # noqa: E731
+    # Node hooks get (grad_inputs, grad_outputs): what the node sends on, what it received
+    hook = lambda n: lambda grad_inputs, grad_outputs: record.append((n, grad_inputs, grad_outputs))  # noqa: E731
     handles = [n.fn.register_hook(hook(n)) for n in g.nodes if n.fn is not None]
     try:
         tensor.backward(retain_graph=True)
@@ -506,12 +507,12 @@ def backward_steps(
         for t, grad in zip(leaves, old, strict=True):
             t.grad = grad
     steps = []
-    for i, (n, grads_in, grads_out) in enumerate(record):
+    for i, (n, grad_inputs, grad_outputs) in enumerate(record):
         nxt = [f for f, _ in n.fn.next_functions]  # n.inputs: one per entry that is not None
-        sent = [gi for f, gi in zip(nxt, grads_in, strict=False) if f is not None]
+        sent = [gi for f, gi in zip(nxt, grad_inputs, strict=False) if f is not None]
         sent = zip(n.inputs, sent, strict=False)
         sent = tuple((j, gi.detach().clone()) for j, gi in sent if gi is not None)
-        got = grads_out[0].detach().clone() if grads_out and grads_out[0] is not None else None
+        got = grad_outputs[0].detach().clone() if grad_outputs and grad_outputs[0] is not None else None
         steps.append(Step(i, n.id, n.op, n.name, got, sent))
     return steps
 

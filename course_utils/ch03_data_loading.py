@@ -626,3 +626,82 @@ def worker_failure(err: BaseException) -> str:
     Section 8 (a notebook-defined ``Dataset`` under spawn)."""
     found = _WORKER_DIED.search(str(err))
     return f"{type(err).__name__}: {_PIDS.sub('', found.group(0)) if found else err}"
+
+
+# ------------------------------------------------------------------ what a loader holds in memory (deep dive)
+
+
+class CountedItems(Dataset):
+    """``n`` small items; counts the ``__getitem__`` calls of every process in a shared tensor (one slot per
+    worker, so that no two processes write the same number)."""
+
+    def __init__(self, n: int, slots: int = 16) -> None:
+        self.n = n
+        self.calls = torch.zeros(slots, dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        self.calls[0 if info is None else info.id + 1] += 1
+        return torch.zeros(3, 8, 8)
+
+
+def batches_in_flight(num_workers: int, prefetch_factor: int, batch_size: int = 4, settle_s: float = 0.5,
+                      timeout_s: float = 30.0) -> int:
+    """How many batches a loader has fetched once its first batch is taken and its workers are idle
+    again: the batches it keeps requested ahead (``num_workers * prefetch_factor``), plus the one taken.
+    Waits until the count has not moved for `settle_s` seconds (at most `timeout_s`)."""
+    dataset = CountedItems(10_000, slots=num_workers + 1)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                        timeout=60)
+    batches = iter(loader)
+    next(batches)
+    last, since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() - since < settle_s and time.monotonic() < deadline:
+        now = int(dataset.calls.sum())
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.02)
+    del batches  # shuts the workers down
+    return last // batch_size
+
+
+def private_dirty_mib() -> float | None:
+    """This process's private memory that it has written to, in MiB (Linux's smaps_rollup); None elsewhere."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class TableReader(Dataset):
+    """Item ``i`` sums chunk ``i`` of a table (a list or an array) and reports the reading process's private
+    memory: how much of the table it has copied so far."""
+
+    def __init__(self, table: Sequence[int] | np.ndarray, chunk: int) -> None:
+        self.table, self.chunk = table, chunk
+
+    def __len__(self) -> int:
+        return -(-len(self.table) // self.chunk)
+
+    def __getitem__(self, i: int) -> tuple[float, float | None]:
+        part = self.table[i * self.chunk:(i + 1) * self.chunk]
+        total = sum(part) if isinstance(part, list) else part.sum()
+        return float(total), private_dirty_mib()
+
+
+def worker_copy_mib(table: Sequence[int] | np.ndarray, chunk: int = 50_000) -> float | None:
+    """How much a DataLoader worker's private memory grows while it reads all of `table`, in MiB; None
+    where it cannot be measured (no /proc, or workers not started by fork, whose copy is whole from the start)."""
+    import multiprocessing
+
+    if private_dirty_mib() is None or multiprocessing.get_start_method() != "fork":
+        return None
+    seen = list(DataLoader(TableReader(table, chunk), batch_size=None, num_workers=1, timeout=60))
+    return seen[-1][1] - seen[0][1]

@@ -58,6 +58,7 @@ class TrainConfig:
     crash_at_epoch: int = _opt(0, "fault drill: rank CRASH_RANK dies in this epoch, 1st attempt")
     crash_rank: int = _opt(1, "fault drill: which rank dies")
     stop_after_epoch: int = _opt(0, "stop cleanly after this epoch, as a job at its time limit")
+    signal_at_step: int = _opt(0, "drill: rank CRASH_RANK sends itself SIGUSR1 after this step (counted over the run)")
 
     def __post_init__(self) -> None:
         for name, ok, rule in (

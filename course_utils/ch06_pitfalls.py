@@ -1,9 +1,11 @@
 """Chapter 06: the pitfalls of PyTorch training. The ledger of the chapter's checks, the code that
-worker processes import, and the switchboard (one small training run with mistakes switched on)."""
+worker processes import, the ranks' flight-recorder records read side by side, and the switchboard
+(one small training run with mistakes switched on)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +52,7 @@ _ZH_CHECKS = {
     "pickle": ("加载不可信的 pickle 时用 weights_only=False", "加载时恶意代码是否运行"),
     "worker-rng": ("随机数生成器对象被复制进每个 worker", "抽到重复随机数的样本比例"),
 }
-_ZH_RESULTS = (("hang (LaunchTimeout)", "卡死（LaunchTimeout）"), ("device error", "设备不一致错误"), ("loss computed", "正常算出损失"),
+_ZH_RESULTS = (("hang (collective timeout)", "卡死（集合通信超时）"), ("device error", "设备不一致错误"), ("loss computed", "正常算出损失"),
                (" both ways", "（两种做法结果相同）"), (", no error", "，没有报错"), ("correct gradient", "梯度正确"))
 
 
@@ -302,6 +304,43 @@ def ddp_forward(x: torch.Tensor, device: str | None = None) -> tuple[torch.Tenso
 # ---------------------------------------------------------------------------------------------
 # What worker processes import: mp.spawn's worker, the pickle payload, the augmenting dataset
 # ---------------------------------------------------------------------------------------------
+
+
+def flight_records(folder: str | os.PathLike) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's flight-recorder entries (``fr_rank<R>.json`` in `folder`, as
+    ``scripts/pitfall_rank0_eval.py --fr-dump`` writes them), oldest first, keyed by rank."""
+    records = {}
+    for path in sorted(Path(folder).glob("fr_rank*.json")):
+        rank = int(path.stem.removeprefix("fr_rank"))
+        records[rank] = json.loads(path.read_text())["entries"]
+    if not records:
+        raise FileNotFoundError(f"no fr_rank<R>.json in {folder}: did the job run with --fr-dump and "
+                                "TORCH_FR_BUFFER_SIZE set?")
+    return records
+
+
+def collective_name(entry: dict[str, Any]) -> str:
+    """One flight-recorder entry as a short text: ``broadcast float32 [128]`` (the backend's prefix,
+    ``gloo:`` or ``nccl:``, dropped)."""
+    op = entry["profiling_name"].split(":", 1)[-1]
+    dtypes = {"Float": "float32", "Long": "int64", "Double": "float64", "Int": "int32", "BFloat16": "bfloat16",
+              "Half": "float16"}
+    parts = [op] + [f"{dtypes.get(d, d)} {list(size)}" for d, size in zip(entry["input_dtypes"],
+                                                                           entry["input_sizes"], strict=False)]
+    return " ".join(parts)
+
+
+def flight_table(records: dict[int, list[dict[str, Any]]], last: int = 5) -> str:
+    """The last `last` sequence numbers that any rank recorded, one row each: what every rank ran
+    with that number (``-``: nothing recorded)."""
+    by_seq = {r: {e["collective_seq_id"]: collective_name(e) for e in entries} for r, entries in records.items()}
+    seqs = sorted(set().union(*by_seq.values()))[-last:]
+    ranks = sorted(by_seq)
+    cells = [[str(s), *(by_seq[r].get(s, "-") for r in ranks)] for s in seqs]
+    head = [tr("seq", "序号"), *(f"rank {r}" for r in ranks)]
+    widths = [max(text_width(row[c]) for row in [head, *cells]) for c in range(len(head))]
+    return "\n".join("  ".join(pad(c, w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [head, *cells])
 
 
 def touch_worker(rank: int, world_size: int, folder: str) -> None:

@@ -63,16 +63,19 @@ class Script:
 
 CHAPTERS = (
     Chapter("00", "start_here", ("q1",)),
-    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5")),
-    Chapter("02", "nn_module", ("q1", "q2", "q3", "q4")),
-    Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5"), starts_processes=True),
+    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6")),
+    Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5")),
+    Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5", "q6"), starts_processes=True),
     Chapter("04", "distributed", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("hello_dist.py", "collectives.py", "sampler_demo.py", "ddp_digits.py",
                      "ddp_equals_big_batch.py", "fsdp_demo.py", "spawn_demo.py")),
     Chapter("05", "full_pipeline", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("train.py",)),
-    Chapter("06", "pitfalls", ("q1", "q2", "q3", "q4"), starts_processes=True,
+    Chapter("06", "pitfalls", ("q1", "q2", "q3", "q4", "q5"), starts_processes=True,
             scripts=("pitfall_rank0_eval.py", "collective_mismatch.py")),
+    Chapter("07", "parallelism", ("q1", "q2", "q3", "q4"), starts_processes=True,
+            scripts=("tensor_parallel.py", "pipeline_parallel.py", "mesh_2d.py", "comm_overlap.py",
+                     "stragglers.py", "fsdp2_in_depth.py")),
 )
 
 SCRIPTS = (
@@ -86,6 +89,12 @@ SCRIPTS = (
     Script("collective_mismatch.py", 2, ("--fixed",)),
     Script("spawn_demo.py", 0),
     Script("train.py", 2, ("--out-dir", "{out}")),
+    Script("tensor_parallel.py", 2, ("--out", "{out}")),
+    Script("pipeline_parallel.py", 2, ("--out", "{out}")),
+    Script("mesh_2d.py", 4, ("--out", "{out}")),
+    Script("comm_overlap.py", 2, ("--out", "{out}")),
+    Script("stragglers.py", 2, ("--out", "{out}")),
+    Script("fsdp2_in_depth.py", 2, ("--ckpt", "{out}/ckpt", "--out", "{out}")),
 )
 # notebooks/scripts/slurm_ddp.sbatch is a batch file, run by the Slurm lane (tests/slurm/).
 

@@ -543,5 +543,25 @@ def test_backward_walk_matches_autograd_and_leaves_the_graph_alone():
 
 
 def test_q5_tells_a_walk_from_autograd_itself():
-    assert "autograd itself" in ch01.q5.check(lambda out: dict(zip(*ch01._autograd_grads(out), strict=True))).message
+    assert "autograd's engine itself" in ch01.q5.check(lambda out: dict(zip(*ch01._autograd_grads(out), strict=True))).message
     assert "called backward()" in ch01.q5.check(ch01._mistake_backward).message
+
+
+def test_the_model_walk_runs_each_node_once_and_gives_zeros_to_unused_outputs():
+    """The engine's algorithm: one call per node (counted through the ops it runs), and an unbind with
+    outputs nobody used still gets a gradient for every output (zeros there)."""
+    from course_utils.exercises.probes import counting_ops
+
+    x = torch.tensor([0.5, -1.0], requires_grad=True)
+    h = x
+    for _ in range(16):
+        h = h + h * 0.5  # 2**16 paths
+    with counting_ops() as count:
+        grads = ch01.backward_walk(h.sum())
+    assert count.ops < 200
+    assert torch.allclose(grads[x], torch.full((2,), 1.5**16))
+    words = torch.randn(4, 3, requires_grad=True)
+    a, _, c, _ = words.unbind()
+    grads = ch01.backward_walk((a * c).sum())
+    assert torch.equal(grads[words][1], torch.zeros(3)) and torch.equal(grads[words][3], torch.zeros(3))
+    assert torch.allclose(grads[words][0], c.detach()) and torch.allclose(grads[words][2], a.detach())

@@ -511,3 +511,26 @@ def test_worker_failure_of_a_real_dead_worker():
     with pytest.raises(RuntimeError) as info, child_stderr():
         next(iter(loader))
     assert L.worker_failure(info.value) == "RuntimeError: DataLoader worker exited unexpectedly"
+
+
+def test_a_loader_keeps_num_workers_times_prefetch_factor_batches_in_flight():
+    assert L.batches_in_flight(2, 2) == 2 * 2 + 1
+    assert L.batches_in_flight(1, 3) == 1 * 3 + 1
+
+
+def test_counted_items_count_every_process_without_sharing_a_slot():
+    ds = L.CountedItems(6, slots=3)
+    list(DataLoader(ds, batch_size=2, num_workers=2, timeout=60))
+    assert int(ds.calls.sum()) == 6 and ds.calls[0] == 0  # the main process fetched nothing
+
+
+def test_a_worker_reading_a_list_copies_it_and_reading_an_array_does_not():
+    import multiprocessing
+
+    table = list(range(1_000_000))
+    grown = L.worker_copy_mib(table)
+    if grown is None:
+        assert L.private_dirty_mib() is None or multiprocessing.get_start_method() != "fork"
+        return
+    assert grown > 20  # about 28 MiB of int objects, touched by reading them
+    assert L.worker_copy_mib(np.arange(1_000_000)) < 5

@@ -3,12 +3,14 @@ ranks, atomic checkpoints, exact resume, and (slow) the elastic restart with rea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
 import random
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,6 +330,129 @@ def test_resume_after_interruption_equals_uninterrupted(world_of_one, tmp_path):
     assert [r["train_loss"] for r in ma] == [r["train_loss"] for r in mb]
     summary = json.loads((b / "summary.json").read_text())
     assert summary["test_total"] == 90
+
+
+def test_sigusr1_mid_epoch_saves_a_checkpoint_that_resumes_to_the_same_weights(world_of_one, tmp_path):
+    """SIGUSR1 (a scheduler's warning) after step 7 of epoch 1: a clean stop (exit code 0, the previous
+    SIGUSR1 handler back), a checkpoint of the middle of the epoch, and the same command resumes it to
+    the weights, the metrics and the summary of an uninterrupted run."""
+    import signal
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a)
+    before = signal.getsignal(signal.SIGUSR1)
+    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0) == 0
+    assert signal.getsignal(signal.SIGUSR1) is before
+    ckpt = load_checkpoint(b / "last.pt")
+    assert (ckpt["epoch"], ckpt["step"], len(ckpt["partial"])) == (0, 7, 1)
+    assert ckpt["partial"][0]["sums"][1] == 7 * 32 and not (b / "final.pt").exists()
+    assert read_metrics(b / "metrics.jsonl") == []
+    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0) == 0  # resumes, no new stop
+    wa = torch.load(a / "final.pt", weights_only=True)
+    wb = torch.load(b / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, wb) == 0.0
+    ma, mb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
+    assert [(r["epoch"], r["train_loss"], r["last_batch_loss"]) for r in ma] == \
+        [(r["epoch"], r["train_loss"], r["last_batch_loss"]) for r in mb]
+
+
+def test_a_stop_after_the_last_step_of_an_epoch_resumes_too(world_of_one, tmp_path):
+    """The signal after the epoch's last step: the resumed run reads no batch of it, evaluates it and
+    goes on (320 training images in batches of 32: 10 steps an epoch)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a)
+    assert world_of_one("--out-dir", b, "--signal-at-step", 10, "--crash-rank", 0) == 0
+    assert (load_checkpoint(b / "last.pt")["epoch"], load_checkpoint(b / "last.pt")["step"]) == (0, 10)
+    world_of_one("--out-dir", b)
+    wa = torch.load(a / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, torch.load(b / "final.pt", weights_only=True)) == 0.0
+    assert [r["train_loss"] for r in read_metrics(a / "metrics.jsonl")] == \
+        [r["train_loss"] for r in read_metrics(b / "metrics.jsonl")]
+
+
+@pytest.mark.slow
+def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    """Two real ranks; only rank 1 gets SIGUSR1: the ranks agree (one all-reduce a step), both stop
+    after step 15, and the resumed run ends with the weights of an uninterrupted one."""
+    from course_utils.launch import torchrun
+
+    common = ["--model", "mlp", "--epochs", "2", "--no-progress"]
+    ref = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "ref"], timeout=240,
+                   backend="gloo", show=False)
+    stopped = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "b", "--signal-at-step", 15],
+                       timeout=240, backend="gloo", show=False)
+    assert "signal SIGUSR1: stopped after step 15 of epoch 1" in stopped.logs[0]
+    ckpt = load_checkpoint(tmp_path / "b" / "last.pt")
+    assert (ckpt["epoch"], ckpt["step"]) == (0, 15)
+    assert [p["sums"][1] for p in ckpt["partial"]] == [15 * 32, 15 * 32]
+    resumed = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "b"], timeout=240,
+                       backend="gloo", show=False)
+    assert "resumed from last.pt: 0 epoch(s) and 15 step(s) done" in resumed.logs[0]
+    wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
+    wb = torch.load(tmp_path / "b" / "final.pt", weights_only=True)
+    assert ref.restarts == 0 and max_abs_diff(wa, wb) == 0.0
+
+
+def _processes_naming(text: str) -> list[int]:
+    """The pids of this machine's processes whose command line contains `text`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("handled", [False, True], ids=["default", "signals-to-handle"])
+def test_torchrun_passes_sigusr1_on_to_the_workers_only_when_told(tmp_path, handled):
+    """SIGUSR1 to torchrun alone (the launcher a scheduler signals): by default it kills torchrun
+    (exit -10) and the workers go on training, orphaned, without a checkpoint; with
+    --signals-to-handle ...,SIGUSR1 torchrun passes it on, the workers save last.pt in the middle of
+    an epoch and leave, and torchrun reports the signal (exit code 1)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / ("handled" if handled else "default")
+    flags = ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"] if handled else []
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *flags,
+           str(SCRIPT), "--model", "mlp", "--epochs", "40", "--no-progress", "--out-dir", str(out)]
+    env = dict(os.environ, COURSE_BACKEND="gloo", PYTHONPATH=str(ROOT))
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as f:  # (a file: orphaned workers would keep a pipe open)
+        launcher = subprocess.Popen(cmd, cwd=ROOT / "notebooks", env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGUSR1)  # the launcher alone, not its process group
+        launcher.wait(timeout=60)
+        workers = _processes_naming(str(out))
+        time.sleep(0.5)
+        text = log.read_text()
+        ckpt = load_checkpoint(out / "last.pt")
+        if handled:
+            assert launcher.returncode == 1 and "signal SIGUSR1: stopped after step" in text, text
+            assert ckpt.get("step", 0) > 0 and workers == [], text
+        else:
+            assert launcher.returncode == -signal.SIGUSR1, text
+            assert "stopped after step" not in text and "step" not in ckpt
+            assert len(workers) == 2, f"the workers should still be running, orphaned: {workers}"
+            assert all(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher.pid
+                       for pid in workers)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        for pid in _processes_naming(str(out)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
 
 
 def test_resume_without_the_random_state_is_not_exact(world_of_one, tmp_path, monkeypatch):

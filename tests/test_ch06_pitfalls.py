@@ -309,21 +309,49 @@ def test_rank0_eval_script_two_correct_ways_and_the_hang():
     assert len(shard) == 2 and f"epoch 1: model.module accuracy {shard[1]}" in lines0
     assert f"all-reduced accuracy {shard[1]}" in both.logs[1] and "epoch 1: waiting at the barrier for rank 0" in lines1
     # every rank makes the same collectives when every rank runs the wrapper
-    assert "epoch 1: trained 10 steps (20 buffer broadcasts, 20 gradient all-reduces so far)" in lines0
-    assert "epoch 1: trained 10 steps (20 buffer broadcasts, 20 gradient all-reduces so far)" in lines1
-    # The bug, with a timeout scaled to this machine's speed (as the notebook does); on a machine so
-    # busy that rank 0 had not even reached the last evaluation, once more with more time.
+    assert "epoch 1: trained 10 steps (20 buffer syncs, 20 gradient all-reduces so far)" in lines0
+    assert "epoch 1: trained 10 steps (20 buffer syncs, 20 gradient all-reduces so far)" in lines1
+    # The bug, with a timeout scaled to this machine's speed (as the notebook did before it had the
+    # flight recorder); on a machine so busy that rank 0 had not even reached the last evaluation, once
+    # more with more time.
     for factor in (2, 5):
         with pytest.raises(LaunchTimeout) as info:
             run("rank0-wrapper", min(400, max(20, round(factor * both.elapsed))))
         if "epoch 1: evaluating through the DDP wrapper" in info.value.logs[0]:
             break
     logs0, logs1 = info.value.logs[0].splitlines(), info.value.logs[1].splitlines()
-    # epoch 0: rank 0's evaluation broadcast (the 11th) pairs with rank 1's first of epoch 1
-    assert "epoch 0: accuracy" in logs0[2] and "(11 buffer broadcasts, 10 gradient all-reduces so far)" in logs0[2]
-    assert logs0[3] == logs1[1] == "epoch 1: trained 10 steps (20 buffer broadcasts, 20 gradient all-reduces so far)"
+    # epoch 0: rank 0's evaluation sync (the 11th) pairs with rank 1's first of epoch 1
+    assert "epoch 0: accuracy" in logs0[2] and "(11 buffer syncs, 10 gradient all-reduces so far)" in logs0[2]
+    assert logs0[3] == logs1[1] == "epoch 1: trained 10 steps (20 buffer syncs, 20 gradient all-reduces so far)"
     assert logs0[4] == "epoch 1: evaluating through the DDP wrapper ..." and len(logs0) == 5
     assert logs1[2] == "end: waiting at the final barrier for rank 0"
+
+
+@pytest.mark.slow
+def test_the_flight_recorder_names_the_desynchronised_collective_of_the_real_ddp_job(tmp_path):
+    """The hang of the rank-0 evaluation, with the flight recorder on and a 5-second process-group
+    timeout: each rank writes its record, the job fails as rank 0 every time, and at the first sequence
+    number where the records differ, rank 0 broadcast BatchNorm's float32 statistics (one flat tensor:
+    DDP coalesces buffers by dtype, then broadcasts the int64 count) and rank 1 entered the barrier."""
+    from course_utils.launch import LaunchError, torchrun
+
+    with pytest.raises(LaunchError) as info:
+        torchrun("scripts/pitfall_rank0_eval.py", nproc=2, env={"TORCH_FR_BUFFER_SIZE": "200"}, timeout=240,
+                 args=["--eval", "rank0-wrapper", "--timeout", "5", "--fr-dump", tmp_path], show=False,
+                 cwd=ROOT / "notebooks")
+    assert info.value.rank == 0 and info.value.exit_code == 1
+    assert [info.value.logs[r].splitlines()[-1] for r in (0, 1)] == [
+        f"rank {r}: a collective failed; flight recorder written to fr_rank{r}.json" for r in (0, 1)]
+    records = pitfalls.flight_records(tmp_path)
+    ops = [{e["collective_seq_id"]: pitfalls.collective_name(e) for e in records[r]} for r in (0, 1)]
+    first = next(s for s in sorted(ops[0]) if ops[0][s] != ops[1].get(s))
+    assert (ops[0][first], ops[1][first]) == ("broadcast float32 [128]", "barrier")
+    assert ops[0][first + 1] == "broadcast int64 [1]" and first + 1 not in ops[1]
+    # every training step before it: one sync of the buffers (two broadcasts) and one gradient all-reduce
+    step = [ops[0][first - k] for k in (3, 2, 1)]
+    assert step == ["broadcast float32 [128]", "broadcast int64 [1]", "all_reduce float32 [51018]"]
+    table = pitfalls.flight_table(records, last=3)
+    assert table.splitlines()[0].split() == ["seq", "rank", "0", "rank", "1"] and "barrier" in table
 
 
 @pytest.mark.slow
@@ -336,6 +364,7 @@ def test_detail_debug_names_the_collective_mismatch_and_the_fix_ends():
 
     with pytest.raises(LaunchError) as info:
         run(TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    assert "syncing the buffers, as the DDP wrapper's evaluation forward does: 128 float32, 1 int64" in info.value.logs[0]
     assert "Detected mismatch between collectives on ranks; this rank was running: BROADCAST" in info.value.logs[0]
     assert "Detected mismatch between collectives on ranks; this rank was running: BARRIER" in info.value.logs[1]
     assert info.value.rank == 0, "the script makes rank 0 the failing rank, so chapter 06's stored error is stable"
@@ -395,14 +424,14 @@ def test_the_notebooks_checks_have_chinese_names(capsys, monkeypatch):
     keys = set(re.findall(r'book\.check\(\s*"([^"]+)"', "".join("".join(c["source"]) for c in cells)))
     assert len(keys) == 17 and keys <= set(pitfalls._ZH_CHECKS), keys - set(pitfalls._ZH_CHECKS)
     for lang, line, closing in [
-        ("en", "DDP model evaluated on rank 0 only: evaluation result: with the bug hang (LaunchTimeout), "
+        ("en", "DDP model evaluated on rank 0 only: evaluation result: with the bug hang (collective timeout), "
                "fixed 340/359 both ways (bug reproduced; fix works)", "1 pitfalls reproduced and fixed"),
-        ("zh", "只在 rank 0 上评估 DDP 模型：评估结果：有 bug 时 卡死（LaunchTimeout），"
+        ("zh", "只在 rank 0 上评估 DDP 模型：评估结果：有 bug 时 卡死（集合通信超时），"
                "修复后 340/359（两种做法结果相同）（bug 已复现；修复有效）", "1 个误区均已复现并修复"),
     ]:
         monkeypatch.setenv("COURSE_LANG", lang)
         book = pitfalls.PitfallLedger()
         book.check("rank0-eval", "DDP model evaluated on rank 0 only", "evaluation result",
-                   bug="hang (LaunchTimeout)", fix="340/359 both ways", bug_seen=True, fixed=True)
+                   bug="hang (collective timeout)", fix="340/359 both ways", bug_seen=True, fixed=True)
         assert capsys.readouterr().out == line + "\n"
         assert book.summary() == closing

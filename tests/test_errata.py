@@ -1,5 +1,6 @@
-"""docs/errata.md and the notebooks agree: every "erratum N" a notebook cites is an entry of the errata,
-every entry is cited by a notebook, and every "where the course shows it" link names a real section."""
+"""docs/errata.md and the notebooks agree: every "erratum N" (or "clarification N") a notebook cites is an
+entry of the errata, every entry is cited by a notebook, a clarification is cited as one, and every
+"where the course shows it" link names a real section."""
 
 import json
 import re
@@ -12,8 +13,9 @@ from course_utils import ROOT, inventory
 ERRATA = ROOT / "docs" / "errata.md"
 NOTEBOOKS = inventory.notebooks("en")
 
-# "erratum 7", "Erratum 10", "errata 3 and 4", "errata 5, 8, 9, 10"
-CITATION = re.compile(r"\berrat(?:um|a)\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)", re.I)
+# "erratum 7", "Erratum 10", "errata 3 and 4", "errata 5, 8, 9, 10", "clarification 4"
+CITATION = re.compile(r"\b(?:errat(?:um|a)|clarifications?)\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)", re.I)
+CLARIFICATION = re.compile(r"\bclarifications?\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)", re.I)
 ENTRY = re.compile(r"^## (\d+)\. (.+)$", re.M)
 # [01_autograd › 7. `retain_graph` versus `create_graph`](../notebooks/01_autograd.ipynb)
 SHOWN_AT = re.compile(r"\[(\d\d_[a-z0-9_]+) › (.+?)\]\(\.\./notebooks/(\d\d_[a-z0-9_]+\.ipynb)\)")
@@ -91,6 +93,21 @@ def test_entry_says_what_the_source_says_what_is_true_and_where_it_is_shown(numb
 
 
 def test_the_citation_pattern_reads_every_form():
-    text = "(erratum 7) ... (errata 3 and 4) ... (errata 5, 8, 9, 10) ... Erratum 10 ... erratic, errata list"
+    text = ("(erratum 7) ... (errata 3 and 4) ... (errata 5, 8, 9, 10) ... Erratum 10 ... erratic, errata list"
+            " ... (clarification 12) ... clarifications 4 and 12")
     assert [re.findall(r"\d+", m.group(1)) for m in CITATION.finditer(text)] == [
-        ["7"], ["3", "4"], ["5", "8", "9", "10"], ["10"]]
+        ["7"], ["3", "4"], ["5", "8", "9", "10"], ["10"], ["12"], ["4", "12"]]
+
+
+def test_a_clarification_is_cited_as_one_and_marked_as_one():
+    """An entry whose heading says "Clarification:" corrects nothing: the notebooks that cite it by its
+    own name find that word in its heading, and each one is cited as a clarification somewhere."""
+    known = entries()
+    marked = {n for n, text in known.items() if text.split("\n", 1)[0].startswith(f"## {n}. Clarification: ")}
+    cited = set()
+    for path in NOTEBOOKS:
+        for m in CLARIFICATION.finditer(notebook_text(path)):
+            cited |= {int(n) for n in re.findall(r"\d+", m.group(1))}
+    assert cited <= marked, f"cited as clarifications but not marked as ones: {sorted(cited - marked)}"
+    assert marked <= cited, f"clarifications that no notebook cites as one: {sorted(marked - cited)}"
+    assert marked, "the errata page has clarifications (4 and 12)"

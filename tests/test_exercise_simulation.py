@@ -21,8 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+# autograd's names bound at import, as a learner's module may bind them
+from torch.autograd import backward as backward_bound_at_import
+from torch.autograd import grad as grad_bound_at_import
 from torch.utils.data import (
     DataLoader,
     Dataset,
@@ -36,6 +41,10 @@ from course_utils import inventory
 from course_utils.data import load_image
 from course_utils.exercises.core import MAX_STRETCH
 from course_utils.launch import processes
+
+# torch's forward-mode rules (torch.func.jvp, hessian: simulated answers) warn once that torch.jit.script is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script.* is deprecated:FutureWarning")
+_bound_save = torch.save  # a name bound before any check runs (as `from torch import save` is)
 
 LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping answer costs this much)
 # On a busy machine a spinning answer's limit stretches (time spent waiting for a CPU is not
@@ -240,6 +249,11 @@ def _hv(f, x, v):
     return g, torch.autograd.grad((g * v).sum(), x)[0]
 
 
+def _hessian_rows(f, x, v):
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return torch.stack([torch.autograd.grad(gi, x, retain_graph=True)[0] @ v for gi in g])
+
+
 def _hvp_backward(f, x, v):
     (g,) = torch.autograd.grad(f(x), x, create_graph=True)
     (g * v).sum().backward()
@@ -259,11 +273,17 @@ CH01_Q3 = {
         "g @ v": lambda: lambda f, x, v: torch.autograd.grad(
             torch.autograd.grad(f(x), x, create_graph=True)[0] @ v, x
         )[0],
+        "torch.func: forward over reverse": lambda: lambda f, x, v: torch.func.jvp(torch.func.grad(f), (x,), (v,))[1],
+        "torch.func: reverse over reverse": lambda: lambda f, x, v: torch.func.vjp(torch.func.grad(f), x)[1](v)[0],
     },
     "wrong": {
         "hard-coded for the old check's input": lambda: lambda f, x, v: torch.tensor(
             [4.0, 12.25, -6.0], dtype=torch.float64
         ),
+        "the Hessian from torch.func, then @ v": lambda: lambda f, x, v: torch.func.hessian(f)(x) @ v,
+        "the Hessian row by row, each row @ v": lambda: _hessian_rows,
+        "the Hessian, vectorised, then @ v": lambda: lambda f, x, v: torch.autograd.functional.hessian(
+            f, x, vectorize=True) @ v,
         "returns (g * v).sum()": lambda: lambda f, x, v: (_hv(f, x, v)[0] * v).sum().detach(),
         "hv * v": lambda: lambda f, x, v: _hv(f, x, v)[1] * v,
         "half of it": lambda: lambda f, x, v: _hv(f, x, v)[1] / 2,
@@ -391,6 +411,11 @@ CH02_Q1 = {
                                                      "c": nn.Linear(64, 10)})),
             lambda m, x: m.d["c"](torch.relu(m.d["b"](torch.relu(m.d["a"](x.reshape(len(x), -1)))))),
         ),
+        "its own initialisation (kaiming_uniform_ on the hidden layers)": lambda: _net(
+            lambda m: (_three_attr(m), [nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu")
+                                        for layer in (m.fc1, m.fc2)]),
+            lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
+        ),
         "add_module in a loop": lambda: _net(
             lambda m: [m.add_module(f"l{i}", nn.Linear(a, b)) for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
             lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
@@ -442,6 +467,9 @@ CH02_Q2 = {
         "a keyword argument": lambda: _scale(
             lambda m, f: m.register_buffer(name="factor", tensor=f, persistent=False), lambda m, x: x * m.factor
         ),
+        "nn.Buffer(..., persistent=False)": lambda: _scale(
+            lambda m, f: setattr(m, "factor", nn.Buffer(f, persistent=False)), lambda m, x: x * m.factor
+        ),
     },
     "wrong": {
         "adds instead of multiplying": lambda: _scale(_buf(), lambda m, x: x + m.factor),
@@ -449,8 +477,27 @@ CH02_Q2 = {
         "a buffer named scale": lambda: _scale(_buf("scale"), lambda m, x: x * m.scale),
         "multiplies by the sum": lambda: _scale(_buf(), lambda m, x: x * m.factor.sum()),
         "identity forward": lambda: _scale(_buf(), lambda m, x: x),
+        "multiplies by a plain alias of the buffer": lambda: _scale(
+            lambda m, f: (m.register_buffer("factor", f, persistent=False), setattr(m, "f", f)),
+            lambda m, x: x * m.f),
+        "x *= self.factor": lambda: _scale(_buf(), lambda m, x: x.mul_(m.factor)),
+        "a persistent buffer hidden by state_dict()": lambda: _HiddenStateDict,
     },
 }
+
+
+class _HiddenStateDict(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.register_buffer("factor", factor)
+
+    def state_dict(self, *args, **kwargs):
+        out = super().state_dict(*args, **kwargs)
+        out.pop("factor", None)
+        return out
+
+    def forward(self, x):
+        return x * self.factor
 
 CH02_Q3 = {
     "right": {
@@ -502,6 +549,7 @@ CH02_Q4 = {
         "a tuple of pairs": lambda: _rec(fmt=tuple),
         "len(children) == 0": lambda: _rec(select=lambda m: len(list(m.children())) == 0),
         "sizes via size()": lambda: _rec(what=lambda i, o: tuple(o.size())),
+        "a context manager that removes its hooks": lambda: _rec_context,
     },
     "wrong": {
         "hard-coded for the old check's input": lambda: lambda model, x: (
@@ -511,8 +559,41 @@ CH02_Q4 = {
         "only the top-level children": lambda: _rec(top=True),
         "batch dimension dropped": lambda: _rec(drop_batch=True),
         "a dict": lambda: _rec(fmt=dict),
+        "a global forward hook, never removed": lambda: _rec_global,
+        "no hooks: each leaf called in turn": lambda: _rec_by_hand,
+        "hooks never removed": lambda: _rec(remove=False),
     },
 }
+
+
+def _rec_context(model, x):
+    from contextlib import ExitStack
+
+    shapes = []
+    with ExitStack() as stack:
+        for name, module in model.named_modules():
+            if next(module.children(), None) is None:
+                handle = module.register_forward_hook(lambda m, i, o, name=name: shapes.append((name, o.shape)))
+                stack.callback(handle.remove)
+        model(x)
+    return shapes
+
+
+def _rec_global(model, x):
+    shapes, names = [], {m: n for n, m in model.named_modules() if not list(m.children())}
+    nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: shapes.append((names[m], tuple(o.shape))) if m in names else None)
+    model(x)
+    return shapes
+
+
+def _rec_by_hand(model, x):
+    shapes = []
+    for name, module in model.named_modules():
+        if not list(module.children()):
+            x = module(x)
+            shapes.append((name, tuple(x.shape)))
+    return shapes
 
 # ------------------------------------------------------------------------------ ch03
 
@@ -696,41 +777,124 @@ CH04_Q1 = {
 }
 
 
-def _ga(dtype=torch.float64, op=None, two_calls=False, post=lambda c, t, d: (c / t).item()):
-    def global_accuracy(correct, total, dist):
-        if two_calls:
-            c, t = torch.tensor(float(correct)), torch.tensor(float(total))
-            dist.all_reduce(c)
-            dist.all_reduce(t)
-            return post(c, t, dist)
-        counts = torch.tensor([correct, total], dtype=dtype)
-        dist.all_reduce(counts) if op is None else dist.all_reduce(counts, op=op)
-        return post(counts[0], counts[1], dist)
-
-    return global_accuracy
+# Answers that run on the check's real ranks: module-level functions (the check runs their code alone
+# on each rank, with `torch` and `dist` as its only names), no closures.
 
 
-def _ch04_local_sum(correct, total, dist):
-    acc = torch.tensor(correct / total)
-    dist.all_reduce(acc)
-    return acc.item()
+def _ar_tensor_api(t):
+    world = dist.get_world_size()
+    mine = torch.empty(t.numel() // world, dtype=t.dtype)
+    dist.reduce_scatter_tensor(mine, t)
+    out = torch.empty_like(t)
+    dist.all_gather_into_tensor(out, mine)
+    return out
+
+
+def _ar_async(t):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = list(t.split(len(t) // world))
+    mine = torch.zeros_like(chunks[rank])
+    dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, async_op=True).wait()
+    parts = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, async_op=True).wait()
+    return torch.cat(parts)
+
+
+def _ar_torch_distributed(t):
+    d = torch.distributed
+    world = d.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = chunks[0].clone()
+    d.reduce_scatter(mine, chunks)
+    parts = [mine.clone() for _ in range(world)]
+    d.all_gather(parts, mine)
+    return torch.stack(parts).flatten()
+
+
+def _ar_in_place(t):
+    world = dist.get_world_size()
+    chunks = [c.clone() for c in t.chunk(world)]
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    dist.all_gather(list(t.chunk(world)), mine)  # the chunks are views of t: t holds the sums
+    return t
+
+
+def _ar_float64_then_back(t):
+    world = dist.get_world_size()
+    wide = t.double()
+    mine = torch.empty(len(t) // world, dtype=torch.float64)
+    dist.reduce_scatter(mine, list(wide.chunk(world)))
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts).to(t.dtype)
+
+
+def _ar_hard_coded_two(t):
+    chunks = list(t.chunk(2))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    parts = [torch.empty_like(mine) for _ in range(2)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)
+
+
+def _ar_reversed(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts[::-1])
+
+
+def _ar_max(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.MAX)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)
+
+
+def _ar_unchanged(t):
+    return t
+
+
+def _ar_gather_and_sum(t):
+    world = dist.get_world_size()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)  # right sums, but all_gather alone: world times the data of reduce_scatter
+    return sum(parts)
+
+
+def _ar_mine_repeated(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return mine.repeat(world)
 
 
 CH04_Q2 = {
     "right": {
-        "float32 counts": lambda: _ga(torch.float32),
-        "two all_reduce calls": lambda: _ga(two_calls=True),
-        "an explicit SUM": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.SUM),
-        "AVG of both counts": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.AVG),
-        "a 0-d tensor": lambda: _ga(post=lambda c, t, d: c / t),
-        "int64 counts": lambda: _ga(torch.int64, post=lambda c, t, d: float(c) / float(t)),
+        "reduce_scatter_tensor and all_gather_into_tensor": lambda: _ar_tensor_api,
+        "async ops, split, an explicit SUM": lambda: _ar_async,
+        "torch.distributed by its full name, stacked": lambda: _ar_torch_distributed,
+        "gathered into t's own chunks": lambda: _ar_in_place,
+        "summed in float64, returned in t's dtype": lambda: _ar_float64_then_back,
     },
     "wrong": {
-        "hard-coded for the old check's shards": lambda: lambda correct, total, dist: 136 / 170,
-        "integer division": lambda: _ga(torch.int64, post=lambda c, t, d: (c // t).item()),
-        "MAX instead of SUM": lambda: _ga(op=__import__("torch.distributed").distributed.ReduceOp.MAX),
-        "a percentage": lambda: _ga(post=lambda c, t, d: (100 * c / t).item()),
-        "the sum of the accuracies": lambda: _ch04_local_sum,
+        "two chunks, whatever the world size": lambda: _ar_hard_coded_two,
+        "the chunks in reverse rank order": lambda: _ar_reversed,
+        "MAX instead of SUM": lambda: _ar_max,
+        "t returned unchanged": lambda: _ar_unchanged,
+        "all_gather of t, summed (no reduce_scatter)": lambda: _ar_gather_and_sum,
+        "its own chunk repeated": lambda: _ar_mine_repeated,
     },
 }
 
@@ -847,6 +1011,8 @@ CH05_Q2 = {
         "scheduler stepped after loading": lambda: _resume(step_after=True),
         "hard-coded start epoch": lambda: _resume(start=lambda e: 3),
         "only the optimizer": lambda: _resume(model=False, sched=False),
+        "a float start epoch (range refuses it)": lambda: _resume(start=float),
+        "a one-element list": lambda: _resume(start=lambda e: [e]),
     },
 }
 
@@ -883,6 +1049,29 @@ def _save_via(kind):
             torch.save(obj, tmp)
             shutil.move(tmp, path)
             return
+        if kind == "bound_save":  # torch.save under a name bound before any check
+            tmp = path.with_name(path.name + ".partial")
+            _bound_save(obj, tmp)
+            os.replace(tmp, path)
+            return
+        if kind == "copyfile":
+            tmp = path.with_name(path.name + ".partial")
+            torch.save(obj, tmp)
+            shutil.copy(tmp, path)
+            return
+        if kind == "backup_first":  # keeps a backup, but `path` itself is missing in between
+            if path.exists():
+                os.replace(path, path.with_name(path.name + ".bak"))
+            tmp = path.with_name(path.name + ".partial")
+            torch.save(obj, tmp)
+            os.replace(tmp, path)
+            return
+        if kind == "exclusive_tmp":  # a fixed name opened with "xb": after a crash, every save fails
+            tmp = path.with_name(path.name + ".partial")
+            with open(tmp, "xb") as f:
+                torch.save(obj, f)
+            os.replace(tmp, path)
+            return
         if kind == "named_tmp":
             with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
                 torch.save(obj, f)
@@ -915,8 +1104,11 @@ def _save_via(kind):
 
 
 CH05_Q4 = {
-    "right": {k: (lambda k=k: _save_via(k)) for k in ("named_tmp", "rename", "path_replace", "str_paths", "pid")},
-    "wrong": {k: (lambda k=k: _save_via(k)) for k in ("delete_first", "other_dir", "never_renames", "swapped", "save_again")},
+    "right": {k: (lambda k=k: _save_via(k))
+              for k in ("named_tmp", "rename", "path_replace", "str_paths", "pid", "bound_save")},
+    "wrong": {k: (lambda k=k: _save_via(k)) for k in (
+        "delete_first", "other_dir", "never_renames", "swapped", "save_again", "copyfile", "backup_first",
+        "exclusive_tmp")},
 }
 
 # ------------------------------------------------------------------------------ ch06
@@ -944,9 +1136,22 @@ CH06_Q1 = {
         "an nn.ReLU module": lambda: _net6(
             lambda m: (_two(m), setattr(m, "act", nn.ReLU())), lambda m, x: m.fc2(m.act(m.fc1(x)))
         ),
+        "its own initialisation (kaiming_normal_)": lambda: _net6(
+            lambda m: (_two(m), nn.init.kaiming_normal_(m.fc1.weight, nonlinearity="relu")),
+            lambda m, x: m.fc2(torch.relu(m.fc1(x))),
+        ),
         "add_module": lambda: _net6(
             lambda m: (m.add_module("a", nn.Linear(784, 32)), m.add_module("b", nn.Linear(32, 10))),
             lambda m, x: m.b(m.a(x).clamp(min=0)),
+        ),
+        "xavier_uniform_ initialisation": lambda: _net6(
+            lambda m: (_two(m), nn.init.xavier_uniform_(m.fc1.weight), nn.init.xavier_uniform_(m.fc2.weight)),
+            lambda m, x: m.fc2(torch.relu(m.fc1(x))),
+        ),
+        "hand-made nn.Parameter layers": lambda: _net6(
+            lambda m: [setattr(m, n, nn.Parameter(torch.randn(*shape) * 0.05)) for n, shape in
+                       (("w1", (32, 784)), ("b1", (32,)), ("w2", (10, 32)), ("b2", (10,)))],
+            lambda m, x: torch.relu(x @ m.w1.T + m.b1) @ m.w2.T + m.b2,
         ),
     },
     "wrong": {
@@ -1013,11 +1218,14 @@ def _eval(kind):
             ctx = torch.enable_grad()
         with ctx:
             out = model(x)
+        if kind == "grad_off":
+            torch.set_grad_enabled(False)
+            out = model(x)
         dim = 0 if kind == "dim0" else 1
         hits = (out.argmax(dim) == y) if kind != "dim0" else (out.argmax(dim)[: len(y)] == y[: out.shape[1]])
         value = {"count": hits.sum().item(), "error": 1 - hits.float().mean().item(),
                  "tensor": hits.float().mean(), "sum_len": hits.sum().item() / len(y)}.get(kind, hits.float().mean().item())
-        model.train(was)
+        model.train() if kind == "forces_train" else model.train(was)
         return value
 
     return evaluate
@@ -1025,7 +1233,8 @@ def _eval(kind):
 
 CH06_Q3 = {
     "right": {k: (lambda k=k: _eval(k)) for k in ("inference", "set_grad", "train_false", "tensor", "sum_len")},
-    "wrong": {k: (lambda k=k: _eval(k)) for k in ("eval_attr", "no_grad_call", "count", "error", "dim0")},
+    "wrong": {k: (lambda k=k: _eval(k))
+              for k in ("eval_attr", "no_grad_call", "count", "error", "dim0", "grad_off", "forces_train")},
 }
 
 
@@ -1053,6 +1262,236 @@ CH06_Q4 = {
     "wrong": {k: (lambda k=k: _loader(k)) for k in ("no_shuffle", "epoch0", "seed_rank", "subset", "batch8")},
 }
 
+def _fr_ops(records):
+    return {r: {e["collective_seq_id"]: (e["profiling_name"], str(e["input_sizes"]), str(e["input_dtypes"]))
+                for e in entries} for r, entries in records.items()}
+
+
+def _desync_merge(records):
+    """A sorted walk over every rank's numbers from the latest first one."""
+    ops = _fr_ops(records)
+    start = max(min(o) for o in ops.values())
+    for seq in sorted(set().union(*ops.values())):
+        if seq >= start and len({o.get(seq, "none") for o in ops.values()}) > 1:
+            return seq
+    return None
+
+
+def _desync_numpy(records):
+    seq = _desync_merge(records)
+    return None if seq is None else np.int64(seq)
+
+
+def _desync_tensor(records):
+    seq = _desync_merge(records)
+    return None if seq is None else torch.tensor(seq)
+
+
+def _desync_float(records):
+    seq = _desync_merge(records)
+    return None if seq is None else float(seq)
+
+
+def _desync_tuples(records):
+    rows = {}
+    for rank, entries in records.items():
+        for e in entries:
+            rows.setdefault(e["collective_seq_id"], {})[rank] = (e["profiling_name"], tuple(map(tuple, e["input_sizes"])),
+                                                                 tuple(e["input_dtypes"]))
+    start = max(entries[0]["collective_seq_id"] for entries in records.values())
+    for seq in sorted(rows):
+        if seq >= start and (len(rows[seq]) < len(records) or len(set(rows[seq].values())) > 1):
+            return seq
+    return None
+
+
+def _desync_last(records):
+    return max(e["collective_seq_id"] for entries in records.values() for e in entries)
+
+
+def _desync_rank(records):
+    """The rank that ran something else there, instead of the sequence number."""
+    seq = _desync_merge(records)
+    if seq is None:
+        return None
+    ops = _fr_ops(records)
+    return next((r for r in ops if ops[r].get(seq) != ops[0].get(seq)), 0)
+
+
+def _desync_one_late(records):
+    seq = _desync_merge(records)
+    return None if seq is None else seq - 1
+
+
+def _desync_dtype_only(records):
+    ops = {r: {e["collective_seq_id"]: str(e["input_dtypes"]) for e in entries} for r, entries in records.items()}
+    start = max(min(o) for o in ops.values())
+    for seq in sorted(set().union(*ops.values())):
+        if seq >= start and len({o.get(seq) for o in ops.values()}) > 1:
+            return seq
+    return None
+
+
+def _desync_from_zero(records):
+    ops = _fr_ops(records)  # no allowance for the ring buffer: numbers one rank dropped count as a difference
+    for seq in sorted(set().union(*ops.values())):
+        if len({o.get(seq, "none") for o in ops.values()}) > 1:
+            return seq
+    return None
+
+
+def _desync_zero(records):
+    seq = _desync_merge(records)
+    return 0 if seq is None else seq
+
+
+CH06_Q5 = {
+    "right": {
+        "a sorted walk from the latest first number": lambda: _desync_merge,
+        "a numpy int": lambda: _desync_numpy,
+        "a 0-d tensor": lambda: _desync_tensor,
+        "a float": lambda: _desync_float,
+        "rows of tuples per sequence number": lambda: _desync_tuples,
+    },
+    "wrong": {
+        "the last number any rank recorded": lambda: _desync_last,
+        "the rank instead of the number": lambda: _desync_rank,
+        "the last number that agreed": lambda: _desync_one_late,
+        "dtypes only": lambda: _desync_dtype_only,
+        "the ring buffer's dropped numbers counted": lambda: _desync_from_zero,
+        "0 when the ranks agree": lambda: _desync_zero,
+    },
+}
+
+
+# ------------------------------------------------------------------------------ ch07
+# Q1 and Q3 run the answer on 2 real ranks (one launch per answer the check has not seen yet).
+
+
+def _tp(**kinds):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    made = {"col": ColwiseParallel, "row": RowwiseParallel,
+            "col_explicit": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
+            "row_explicit": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()),
+            "row_dtensor": lambda: RowwiseParallel(use_local_output=False),
+            "row_sharded_out": lambda: RowwiseParallel(output_layouts=Shard(-1)),
+            "col_replicated_out": lambda: ColwiseParallel(output_layouts=Replicate())}
+    return {name: made[kind]() for name, kind in kinds.items()}
+
+
+CH07_Q1 = {
+    "right": {
+        "keys in another order": lambda: _tp(o="row", v="col", k="col", q="col"),
+        "the layouts written out": lambda: _tp(q="col_explicit", k="col_explicit", v="col_explicit", o="row_explicit"),
+        "o's output left a DTensor": lambda: _tp(q="col", k="col", v="col", o="row_dtensor"),
+        "built with dict()": lambda: dict(_tp(q="col", k="col", v="col", o="row")),
+        "an OrderedDict": lambda: OrderedDict(_tp(q="col", k="col", v="col", o="row")),
+    },
+    "wrong": {
+        "only q split": lambda: _tp(q="col"),
+        "only o split": lambda: _tp(o="row"),
+        "o's output left sharded": lambda: _tp(q="col", k="col", v="col", o="row_sharded_out"),
+        "every layer row-wise": lambda: _tp(q="row", k="row", v="row", o="row"),
+        "q, k, v gathered after their split": lambda: _tp(q="col_replicated_out", k="col_replicated_out",
+                                                          v="col_replicated_out", o="row"),
+        "layer names of the whole block": lambda: {f"attn.{k}": v for k, v in _tp(q="col", k="col", v="col", o="row").items()},
+    },
+}
+
+
+def _bubble(expr):
+    def bubble(stages, microbatches):
+        return eval(expr, {"np": np, "torch": torch}, {"p": stages, "m": microbatches})  # noqa: S307 - a formula
+
+    return bubble
+
+
+CH07_Q2 = {
+    "right": {
+        "one minus the busy part": lambda: _bubble("1 - m / (m + p - 1)"),
+        "idle slots over all slots": lambda: _bubble("p * (p - 1) / (p * (m + p - 1))"),
+        "a numpy float": lambda: _bubble("np.float64(p - 1) / (m + p - 1)"),
+        "a 0-d tensor": lambda: _bubble("torch.tensor(p - 1.0) / (m + p - 1)"),
+        "fill and drain counted apart": lambda: _bubble("((p - 1) / 2 + (p - 1) / 2) / (m + p - 1)"),
+    },
+    "wrong": {
+        "m + p in the denominator": lambda: _bubble("(p - 1) / (m + p)"),
+        "the busy fraction": lambda: _bubble("m / (m + p - 1)"),
+        "m - 1 in the denominator": lambda: _bubble("(p - 1) / (m - 1)"),
+        "twice the bubble (forward and backward)": lambda: _bubble("2 * (p - 1) / (m + p - 1)"),
+        "stages over micro-batches": lambda: _bubble("p / m"),
+    },
+}
+
+
+def _q3_plan(kind):
+    from course_utils.ch07_parallelism import Q3_LENGTHS, random_batches
+    from course_utils.exercises.ch07 import answer_q3
+
+    model = answer_q3()
+    order = sorted(range(32), key=lambda i: Q3_LENGTHS[i], reverse=True)
+    if kind == "reversed inside batches":
+        return [[b[::-1] for b in rank] for rank in model]
+    if kind == "tuples":
+        return tuple(tuple(tuple(b) for b in rank) for rank in model)
+    if kind == "tensors":
+        return [[torch.tensor(b) for b in rank] for rank in model]
+    if kind == "round robin":
+        return [[[order[8 * s + j] for j in range(r, 8, 2)] for s in range(4)] for r in range(2)]
+    if kind == "longest with shortest":
+        asc = sorted(range(32), key=lambda i: Q3_LENGTHS[i])
+        flat = [[], []]
+        for k in range(16):
+            flat[k % 2] += [asc[k], asc[31 - k]]
+        return [[f[4 * s:4 * s + 4] for s in range(4)] for f in flat]
+    if kind == "the data set's order":
+        return [[list(range(8 * s, 8 * s + 4)) for s in range(4)], [list(range(8 * s + 4, 8 * s + 8)) for s in range(4)]]
+    if kind == "another random split":
+        return random_batches(Q3_LENGTHS, 2, 4, seed=1)
+    if kind == "neighbours, the longer half to rank 0":
+        return [[[order[8 * s + j] for j in range(4 * r, 4 * r + 4)] for s in range(4)] for r in range(2)]
+    if kind == "one sample twice, another never":
+        return [model[0], model[1][:3] + [model[1][3][:3] + [model[0][0][0]]]]
+    if kind == "one rank with 3 steps":
+        return [model[0], model[1][:3]]
+    raise AssertionError(kind)
+
+
+CH07_Q3 = {
+    "right": {k: (lambda k=k: _q3_plan(k)) for k in ("reversed inside batches", "tuples", "tensors", "round robin",
+                                                      "longest with shortest")},
+    "wrong": {k: (lambda k=k: _q3_plan(k)) for k in ("the data set's order", "another random split",
+                                                      "neighbours, the longer half to rank 0", "one sample twice, another never",
+                                                      "one rank with 3 steps")},
+}
+
+
+def _ring(expr):
+    def ring_bytes(nbytes, world_size):
+        return eval(expr, {"np": np, "torch": torch, "max": max}, {"n": world_size, "b": nbytes})  # noqa: S307
+
+    return ring_bytes
+
+
+CH07_Q4 = {
+    "right": {
+        "2 b - 2 b / n": lambda: _ring("2 * b - 2 * b / n"),
+        "two halves": lambda: _ring("(n - 1) / n * b + (n - 1) / n * b"),
+        "chunks times steps": lambda: _ring("2 * (n - 1) * (b / n)"),
+        "a numpy float": lambda: _ring("np.float64(2 * (n - 1) * b) / n"),
+        "a 0-d tensor": lambda: _ring("torch.tensor(2.0 * (n - 1) * b / n)"),
+    },
+    "wrong": {
+        "n + 1 instead of n - 1": lambda: _ring("2 * (n + 1) / n * b"),
+        "the whole tensor in each reduce-scatter step": lambda: _ring("(n - 1) * b"),
+        "the tensor once": lambda: _ring("b"),
+        "divided by n - 1": lambda: _ring("2 * b / max(n - 1, 1)"),
+        "bits, not bytes": lambda: _ring("8 * 2 * (n - 1) / n * b"),
+    },
+}
+
 SIMULATION = {
     ("ch00", "q1"): CH00_Q1,
     ("ch01", "q1"): CH01_Q1, ("ch01", "q2"): CH01_Q2, ("ch01", "q3"): CH01_Q3, ("ch01", "q4"): CH01_Q4,
@@ -1061,6 +1500,8 @@ SIMULATION = {
     ("ch04", "q1"): CH04_Q1, ("ch04", "q2"): CH04_Q2, ("ch04", "q3"): CH04_Q3, ("ch04", "q4"): CH04_Q4,
     ("ch05", "q1"): CH05_Q1, ("ch05", "q2"): CH05_Q2, ("ch05", "q3"): CH05_Q3, ("ch05", "q4"): CH05_Q4,
     ("ch06", "q1"): CH06_Q1, ("ch06", "q2"): CH06_Q2, ("ch06", "q3"): CH06_Q3, ("ch06", "q4"): CH06_Q4,
+    ("ch06", "q5"): CH06_Q5,
+    ("ch07", "q1"): CH07_Q1, ("ch07", "q2"): CH07_Q2, ("ch07", "q3"): CH07_Q3, ("ch07", "q4"): CH07_Q4,
 }
 
 # ------------------------------------------------------------------------------ ch03 q5 (num_workers from epoch times)
@@ -1100,8 +1541,25 @@ CH03_Q5 = {
         "the slowest epoch of each setting": lambda: _q5_rule(stat=max),
         "returns the best median time": lambda: lambda seconds: min(sorted(t)[len(t) // 2] for t in seconds.values()),
         "returns every candidate": lambda: _q5_rule(pick=lambda within: within, out=list),
+        "greedy: more workers while the next is 5% faster, stop at the first that is not": lambda: _q5_greedy(stop=True),
+        "greedy: more workers while the next is 5% faster than the kept one": lambda: _q5_greedy(stop=False),
     },
 }
+
+
+def _q5_greedy(stop):
+    def pick_num_workers(seconds):
+        medians = {w: sorted(t)[len(t) // 2] for w, t in sorted(seconds.items())}
+        order = list(medians)
+        pick = order[0]
+        for w in order[1:]:
+            if medians[w] < medians[pick] / 1.05:
+                pick = w
+            elif stop:
+                break
+        return pick
+
+    return pick_num_workers
 SIMULATION[("ch03", "q5")] = CH03_Q5
 
 
@@ -1110,7 +1568,7 @@ SIMULATION[("ch03", "q5")] = CH03_Q5
 
 def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else None, skip_none=True,
         sign=1.0, key=lambda leaf: leaf, first_input_only=False, grad_mode=False):
-    """A recursive walk of out.grad_fn (the simulated learners' answers vary its parts)."""
+    """A recursive walk of out.grad_fn, once per path (the simulated learners' answers vary its parts)."""
 
     def backward_walk(out):
         grads = {}
@@ -1136,8 +1594,81 @@ def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else N
     return backward_walk
 
 
-def _bw_topological(out):
-    """Engine-style: order the nodes, then send each gradient once, summed over its consumers."""
+def _zeros(meta):
+    return torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+
+
+def _engine(order="stack", missing="zeros", grad_mode=False, flat=False):
+    """The engine's algorithm (dependencies, a buffer slot per (node, input_nr), one call per node), in the
+    forms a learner may write it: ready nodes from a stack, a queue or a heap by sequence number; unreached
+    slots as zeros or None (the engine's undefined gradient); one dict per node or one flat dict."""
+    import heapq
+    from collections import deque
+
+    def backward_walk(out):
+        deps, seen, todo = {}, {out.grad_fn}, [out.grad_fn]
+        while todo:
+            for child, _ in todo.pop().next_functions:
+                if child is not None:
+                    deps[child] = deps.get(child, 0) + 1
+                    if child not in seen:
+                        seen.add(child)
+                        todo.append(child)
+        slots = {}  # (node, input_nr) -> gradient, when flat; node -> {input_nr: gradient} otherwise
+
+        def put(node, i, g):
+            if flat:
+                slots[node, i] = slots[node, i] + g if (node, i) in slots else g
+            else:
+                box = slots.setdefault(node, {})
+                box[i] = box[i] + g if i in box else g
+
+        def take_all(node, n):
+            got = [slots.pop((node, i), None) for i in range(n)] if flat else [
+                slots.get(node, {}).get(i) for i in range(n)]
+            return got
+
+        put(out.grad_fn, 0, torch.ones_like(out))
+        ready, tick = deque([out.grad_fn]) if order == "queue" else [], 0
+        if order == "heap":
+            ready = [(-out.grad_fn._sequence_nr(), 0, out.grad_fn)]
+        elif order == "stack":
+            ready = [out.grad_fn]
+        grads = {}
+        with torch.set_grad_enabled(grad_mode):
+            while ready:
+                if order == "heap":
+                    node = heapq.heappop(ready)[2]
+                elif order == "queue":
+                    node = ready.popleft()
+                else:
+                    node = ready.pop()
+                metas = node._input_metadata
+                inputs = take_all(node, len(metas))
+                if type(node).__name__ == "AccumulateGrad":
+                    grads[node.variable] = inputs[0]
+                    continue
+                if missing == "zeros":
+                    inputs = [_zeros(m) if g is None else g for g, m in zip(inputs, metas, strict=True)]
+                sent = node(*inputs)
+                for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                    if child is None:
+                        continue
+                    put(child, i, g)
+                    deps[child] -= 1
+                    if deps[child] == 0:
+                        tick += 1
+                        if order == "heap":
+                            heapq.heappush(ready, (-child._sequence_nr(), tick, child))
+                        else:
+                            ready.append(child)
+        return grads
+
+    return backward_walk
+
+
+def _bw_topological_one_slot(out):
+    """Engine order, but one gradient per node: a node with several outputs (unbind) gets one argument."""
     order, seen = [], set()
 
     def dfs(node):
@@ -1164,8 +1695,37 @@ def _bw_topological(out):
     return grads
 
 
+def _bw_topological(out):
+    """Engine-style through a topological order (depth-first post-order, reversed), a slot per input_nr."""
+    order, seen = [], set()
+
+    def dfs(node):
+        if node is None or node in seen:
+            return
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            dfs(nxt)
+        order.append(node)
+
+    dfs(out.grad_fn)
+    incoming = {(out.grad_fn, 0): torch.ones_like(out)}
+    grads = {}
+    with torch.no_grad():
+        for node in reversed(order):
+            metas = node._input_metadata
+            grads_in = [incoming.pop((node, i), None) for i in range(len(metas))]
+            if type(node).__name__ == "AccumulateGrad":
+                grads[node.variable] = grads_in[0]
+                continue
+            sent = node(*[_zeros(m) if g is None else g for g, m in zip(grads_in, metas, strict=True)])
+            for (nxt, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if nxt is not None:
+                    incoming[nxt, i] = incoming[nxt, i] + g if (nxt, i) in incoming else g
+    return grads
+
+
 def _bw_stack(out):
-    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=."""
+    """An explicit stack of (node, gradient) pairs instead of recursion, zeros_like then +=: per path."""
     grads, stack = {}, [(out.grad_fn, torch.ones_like(out))]
     with torch.no_grad():
         while stack:
@@ -1181,15 +1741,123 @@ def _bw_stack(out):
     return grads
 
 
+def _bw_visited(out):
+    grads, seen = {}, set()
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            grads[node.variable] = grads[node.variable] + grad if node.variable in grads else grad
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        sent = node(grad)
+        for (nxt, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _bw_plus_equals(out):
+    grads = {}
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            if node.variable in grads:
+                grads[node.variable] += grad  # into a tensor AddBackward0 may have handed to another leaf
+            else:
+                grads[node.variable] = grad
+            return
+        sent = node(grad)
+        for (nxt, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent, strict=True):
+            visit(nxt, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
+
+
+def _bw_engine_plus_equals(out):
+    """The engine's algorithm, summing into the buffer in place."""
+    grads_ = {}
+    deps, seen, todo = {}, {out.grad_fn}, [out.grad_fn]
+    while todo:
+        for child, _ in todo.pop().next_functions:
+            if child is not None:
+                deps[child] = deps.get(child, 0) + 1
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+    slots, ready = {out.grad_fn: {0: torch.ones_like(out)}}, [out.grad_fn]
+    with torch.no_grad():
+        while ready:
+            node = ready.pop()
+            box = slots.pop(node)
+            if hasattr(node, "variable"):
+                grads_[node.variable] = box[0]
+                continue
+            sent = node(*[box[i] if i in box else _zeros(m) for i, m in enumerate(node._input_metadata)])
+            for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                if child is None:
+                    continue
+                b = slots.setdefault(child, {})
+                if i in b:
+                    b[i] += g
+                else:
+                    b[i] = g
+                deps[child] -= 1
+                if deps[child] == 0:
+                    ready.append(child)
+    return grads_
+
+
+def _bw_bound_grad(out):
+    """torch.autograd.grad through a name bound when this module was imported: no patch reaches it."""
+    leaves = [n.variable for n in _all_nodes(out) if hasattr(n, "variable")]
+    return dict(zip(leaves, grad_bound_at_import(out, leaves, retain_graph=True), strict=True))
+
+
+def _bw_bound_backward(out):
+    leaves = [n.variable for n in _all_nodes(out) if hasattr(n, "variable")]
+    backward_bound_at_import(out)
+    return {leaf: leaf.grad.clone() for leaf in leaves}
+
+
+def _all_nodes(out):
+    found, stack = {}, [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and id(node) not in found:
+            found[id(node)] = node
+            stack += [n for n, _ in node.next_functions]
+    return list(found.values())
+
+
 CH01_Q5 = {
     "right": {
-        "recursive, under no_grad": lambda: _bw(),
-        "recursive, grad mode on (the gradients carry a grad_fn)": lambda: _bw(grad_mode=True),
-        "engine order (topological), each node once": lambda: _bw_topological,
-        "an explicit stack, zeros_like then +=": lambda: _bw_stack,
-        "leaves found by type name": lambda: _bw(leaf_of=lambda n: n.variable if type(n).__name__ == "AccumulateGrad" else None),
+        "the engine: ready nodes from a stack, zeros for unreached slots": lambda: _engine(),
+        "the engine: ready nodes from a queue, None for unreached slots": lambda: _engine(order="queue", missing="none"),
+        "the engine: a heap by sequence number, as the real engine orders them": lambda: _engine(order="heap"),
+        "the engine: one flat dict keyed by (node, input_nr)": lambda: _engine(flat=True),
+        "the engine, grad mode on (the gradients carry a grad_fn)": lambda: _engine(grad_mode=True),
+        "a topological order (depth-first), a slot per input_nr": lambda: _bw_topological,
     },
     "wrong": {
+        "per path, recursive, under no_grad (the old model answer)": lambda: _bw(),
+        "per path, an explicit stack, zeros_like then +=": lambda: _bw_stack,
+        "per path, grad mode on": lambda: _bw(grad_mode=True),
+        "a visited set: each inner node entered once": lambda: _bw_visited,
+        "per path, grads[leaf] += g": lambda: _bw_plus_equals,
+        "the engine, summing in place (+=)": lambda: _bw_engine_plus_equals,
+        "engine order, one gradient per node (no slots)": lambda: _bw_topological_one_slot,
+        "torch.autograd.grad bound before the check": lambda: _bw_bound_grad,
+        "torch.autograd.backward bound before the check": lambda: _bw_bound_backward,
         "starts from a zero gradient": lambda: _bw(start=0.0),
         "starts from 2": lambda: _bw(start=2.0),
         "signs flipped (a descent step, not a gradient)": lambda: _bw(sign=-1.0),
@@ -1201,6 +1869,140 @@ CH01_Q5 = {
 }
 SIMULATION[("ch01", "q5")] = CH01_Q5
 
+# ------------------------------------------------------------------------------ ch01 q6, ch02 q5, ch03 q6 (deep dives)
+
+
+def _vjp_backward(f, x, u):
+    f(x).backward(gradient=u)
+    return x.grad
+
+
+def _vjp_rows(f, x, u):
+    """The Jacobian row by row (one backward pass per output), then u^T J."""
+    y = f(x)
+    rows = [torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(len(y))]
+    return u @ torch.stack(rows)
+
+
+CH01_Q6 = {
+    "right": {
+        "backward(gradient=u), then x.grad": lambda: _vjp_backward,
+        "torch.autograd.functional.vjp": lambda: lambda f, x, u: torch.autograd.functional.vjp(f, x, u)[1],
+        "torch.func.vjp": lambda: lambda f, x, u: torch.func.vjp(f, x)[1](u)[0],
+        "grad of a dot product": lambda: lambda f, x, u: torch.autograd.grad(torch.dot(f(x), u), x)[0],
+        "grad of (f(x) * u).sum()": lambda: lambda f, x, u: torch.autograd.grad((f(x) * u).sum(), x)[0],
+    },
+    "wrong": {
+        "the Jacobian from torch.func.jacrev, then u @ J": lambda: lambda f, x, u: u @ torch.func.jacrev(f)(x),
+        "the Jacobian row by row, then u @ J": lambda: _vjp_rows,
+        "f(x) * u, not differentiated": lambda: lambda f, x, u: (f(x) * u).detach(),
+        "the gradient of f(x).sum() times u.sum()": lambda: lambda f, x, u: torch.autograd.grad(f(x).sum(), x)[0] * u.sum(),
+        "half of it": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u)[0] / 2,
+        "u reversed": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u.flip(0))[0],
+    },
+}
+SIMULATION[("ch01", "q6")] = CH01_Q6
+
+
+def _groups(rule=lambda name, p: p.ndim >= 2, wd0=0.0, source="parameters", out=list, keys=("params", "weight_decay")):
+    def param_groups(model, weight_decay):
+        decay, no_decay = [], []
+        pairs = model.named_parameters() if source == "named" else (
+            model.named_parameters(remove_duplicate=False) if source == "all" else
+            ((None, p) for p in model.parameters()))
+        for name, p in pairs:
+            (decay if rule(name, p) else no_decay).append(p)
+        return out([{keys[0]: decay, keys[1]: weight_decay}, {keys[0]: no_decay, keys[1]: wd0}])
+
+    return param_groups
+
+
+def _groups_by_type(model, weight_decay):
+    """By module type: Linear, Conv and Embedding weights decay; everything else not."""
+    decay, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv2d | nn.Embedding):
+            if id(module.weight) not in seen:
+                seen.add(id(module.weight))
+                decay.append(module.weight)
+    no_decay = [p for p in model.parameters() if id(p) not in seen]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+CH02_Q5 = {
+    "right": {
+        "named_parameters (which de-duplicates too)": lambda: _groups(source="named"),
+        "a tuple of groups": lambda: _groups(out=tuple),
+        "by module type": lambda: _groups_by_type,
+        "dim() > 1": lambda: _groups(rule=lambda n, p: p.dim() > 1),
+        "no-decay group first": lambda: lambda model, wd: _groups()(model, wd)[::-1],
+    },
+    "wrong": {
+        "every name ending in 'weight' decayed": lambda: _groups(rule=lambda n, p: n.endswith("weight"), source="named"),
+        "the tied weight once per name": lambda: _groups(source="all"),
+        "no group for the rest": lambda: lambda model, wd: [{"params": [p for p in model.parameters() if p.ndim >= 2],
+                                                              "weight_decay": wd}],
+        "the rest decayed at half the rate": lambda: _groups(wd0=0.05),
+        "everything in one group": lambda: lambda model, wd: [{"params": list(model.parameters()), "weight_decay": wd}],
+        "a dict of name -> parameter": lambda: lambda model, wd: dict(model.named_parameters()),
+    },
+}
+SIMULATION[("ch02", "q5")] = CH02_Q5
+
+
+def _split(kind):
+    def train_val_split(dataset, val_fraction, seed):
+        n = len(dataset)
+        k = int(n * val_fraction)
+        g = torch.Generator().manual_seed(seed)
+        if kind == "fractions":
+            return torch.utils.data.random_split(dataset, [1 - val_fraction, val_fraction], generator=g)
+        if kind == "randperm":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "numpy":
+            order = np.random.default_rng(seed).permutation(n).tolist()
+            return [Subset(dataset, order[k:]), Subset(dataset, order[:k])]
+        if kind == "random":
+            order = list(range(n))
+            random.Random(seed).shuffle(order)
+            return Subset(dataset, order[:n - k]), Subset(dataset, order[n - k:])
+        if kind == "sorted":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, sorted(order[k:])), Subset(dataset, sorted(order[:k]))
+        if kind == "global_numpy":
+            order = np.random.permutation(n).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "overlap":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k - 1:]), Subset(dataset, order[:k])
+        if kind == "ceil":
+            k2 = -(-n * 100 * int(val_fraction * 100) // 10000)
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[k2:]), Subset(dataset, order[:k2])
+        if kind == "first":
+            order = torch.randperm(n, generator=g).tolist()
+            return Subset(dataset, order[:n - k]), Subset(dataset, order[:k])
+        if kind == "seed_plus_global":
+            torch.manual_seed(seed)
+            return torch.utils.data.random_split(dataset, [n - k, k])
+        raise AssertionError(kind)
+
+    return train_val_split
+
+
+CH03_Q6 = {
+    "right": {k: (lambda k=k: _split(k)) for k in ("fractions", "randperm", "numpy", "random", "sorted")},
+    "wrong": {
+        "numpy's global generator": lambda: _split("global_numpy"),
+        "train and val overlap by one": lambda: _split("overlap"),
+        "val rounded up": lambda: _split("ceil"),
+        "val drawn from the same front as train": lambda: _split("first"),
+        "torch.manual_seed(seed), then the global generator": lambda: _split("seed_plus_global"),
+    },
+}
+SIMULATION[("ch03", "q6")] = CH03_Q6
+
 # ------------------------------------------------------------------------------ the simulation
 
 
@@ -1210,6 +2012,9 @@ class Hang(BaseException):
 
 def _session_state():
     return {
+        "global module hooks": sum(len(getattr(nn.modules.module, d)) for d in (
+            "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+            "_global_backward_hooks")),
         "torch rng": torch.get_rng_state(),
         "numpy rng": np.random.get_state()[1].copy(),
         "random state": random.getstate(),

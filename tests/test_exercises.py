@@ -38,7 +38,7 @@ def test_every_chapter_module_lists_exercises():
     assert "ch00" in found
     for mod, exs in found.items():
         if mod != "ch00":
-            assert 3 <= len(exs) <= 5, f"{mod} should have 3-5 exercises, has {len(exs)}"
+            assert 3 <= len(exs) <= 6, f"{mod} should have 3-6 exercises, has {len(exs)}"
 
 
 @pytest.mark.parametrize(("mod", "ex"), ALL, ids=IDS)
@@ -188,6 +188,25 @@ def test_a_check_is_bounded_in_time(answer, monkeypatch):
     r = _fn_ex().check(answer)
     assert r.status == "incorrect" and "did not finish within 0.5 seconds" in r.message
     assert time.monotonic() - start < 0.5 * core.MAX_STRETCH + 3  # stretched only on a starved CPU
+
+
+def test_a_check_that_launches_gets_its_extra_time_and_no_more(monkeypatch):
+    """`extra_time_s` (a check that runs the answer on real ranks) adds to the limit; past it, the same
+    message names the whole limit."""
+    monkeypatch.setattr(core, "TIME_LIMIT_S", 0.5)
+
+    def slow_observe(answer, _):
+        time.sleep(answer)  # a stand-in for a launch of `answer` seconds
+        return as_number(answer)
+
+    def ex(extra):
+        return Exercise("Q", lambda: 1.0, prompt="p", hints=["h"], form="value", observe=slow_observe,
+                        extra_time_s=extra)
+
+    assert ex(0.0).check(1.0).message.startswith("your code did not finish within 0.5 seconds")
+    assert ex(2.0).check(1.0).status == "correct"
+    late = ex(1.0).check(3.0)
+    assert late.status == "incorrect" and "did not finish within 1.5 seconds" in late.message
 
 
 def test_a_check_off_the_main_thread_is_bounded_too(monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 from launch_support import SCRIPTS, needs_linux
 
 from course_utils import ROOT
-from course_utils.launch import ENGINES, LaunchError, torchrun, warm, warm_up
+from course_utils.launch import ENGINES, WARM_IMPORTS_VAR, LaunchError, torchrun, warm, warm_up
 
 # Rank variables whose values differ between the engines, and must: the port, the run id, the
 # paths of the job's own files, the launcher's job id.
@@ -192,6 +192,28 @@ def test_warm_up_starts_the_server_that_the_next_launch_uses(monkeypatch):
     warm.close_servers()
     warm_up()
     assert warm.idle_servers() == []
+
+
+@pytest.mark.slow
+@needs_linux
+def test_warm_up_imports_reach_the_ranks_through_their_own_server(tmp_path, monkeypatch):
+    """warm_up(imports=...) makes the server import more modules, which its ranks then have before their
+    first line; the setting is kept in the environment, so that later launches find that server (a
+    server without them is another one)."""
+    monkeypatch.setenv(WARM_IMPORTS_VAR, "")  # so that the test's end removes what warm_up sets
+    monkeypatch.delenv(WARM_IMPORTS_VAR)
+    monkeypatch.delenv("COURSE_LAUNCHER", raising=False)
+    (tmp_path / "has.py").write_text("import sys\nprint('colorsys' in sys.modules)\n")
+    plain = torchrun("has.py", nproc=2, show=False, cwd=tmp_path, engine="warm", timeout=300)
+    assert plain.logs == ["False\n"] * 2
+    warm_up(imports=["colorsys"])  # a module nothing else imports
+    assert os.environ[WARM_IMPORTS_VAR] == "colorsys"
+    warmed = torchrun("has.py", nproc=2, show=False, cwd=tmp_path, engine="warm", timeout=300)
+    assert warmed.logs == ["True\n"] * 2
+    with pytest.raises(ValueError, match="list of module names"):
+        warm_up(imports="colorsys")  # a string, not a list of names
+    with pytest.raises(ValueError, match="list of module names"):
+        warm_up(imports=["a,b"])
 
 
 @pytest.mark.slow

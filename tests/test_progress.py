@@ -180,11 +180,11 @@ def test_every_chapter_and_exercise_is_listed():
     from course_utils.exercises import ch00, ch04
 
     found = progress.chapters()
-    assert sorted(found) == [f"ch0{i}" for i in range(7)]
+    assert sorted(found) == [f"ch0{i}" for i in range(8)]
     assert found["ch00"] == [ex.name for ex in ch00.EXERCISES]
     assert found["ch04"] == [ex.name for ex in ch04.EXERCISES]
     titles = progress.chapter_titles()
-    assert titles["ch00"] == "00_start_here" and titles["ch06"] == "06_pitfalls"
+    assert titles["ch00"] == "00_start_here" and titles["ch07"] == "07_parallelism"
     assert set(titles) == set(found)
 
 
@@ -241,8 +241,9 @@ def test_command_counts_what_was_recorded(private_file, monkeypatch, capsys):
     assert progress.main([]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("03_data_loading"))
-    # Practice (chapter 00's) is blank; Q1-Q5; the count
-    assert row.split() == ["03_data_loading", "not", "yet", "done", "not", "yet", "tried", "not", "yet", "1/5"]
+    # Practice (chapter 00's) is blank; Q1-Q6; the count
+    assert row.split() == ["03_data_loading", "not", "yet", "done", "not", "yet", "tried", "not", "yet", "not", "yet",
+                           "1/6"]
     assert "total: 1 done, 1 tried," in out and "Recording is on (COURSE_PROGRESS=1" in out
 
 

@@ -273,3 +273,20 @@ def test_every_helper_that_seeds_torch_restores_the_global_rng():
             if seeding & set(calls) and "fork_rng" not in ast.unparse(fn):
                 offenders.append(f"{path.name}:{fn.lineno} {fn.name}")
     assert not offenders, "these seed torch's global RNG without restoring it: " + ", ".join(offenders)
+
+
+def test_no_tracked_text_file_holds_a_merge_conflict_marker():
+    """A merge left half-done: both sides of a conflict, and the markers, in a file learners read."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    marked = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix in {".png", ".pt", ".npz", ".whl", ".ico", ".woff2"} or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in text.splitlines()):
+            marked.append(name)
+    assert not marked, f"merge conflict markers left in: {', '.join(marked)}"

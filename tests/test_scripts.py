@@ -43,3 +43,22 @@ def test_train_refusing_a_changed_configuration_shows_why_every_time(tmp_path, e
                      engine=engine)
         assert info.value.rank == 0 and info.value.exit_code == 2, f"run {run}: {info.value}"
         assert "made with another configuration (epochs: 1 -> 2)" in str(info.value), f"run {run}: {info.value}"
+
+
+@pytest.mark.parametrize(("script", "nproc", "args", "said"), [
+    ("tensor_parallel.py", 3, [], "error: 4 heads and 8 tokens must split evenly over the ranks; use 1, 2 or 4 ranks."),
+    ("pipeline_parallel.py", 2, ["--microbatches", "1", "--batch", "4"],
+     "error: 1F1B needs at least as many micro-batches as stages: --microbatches 1 < 2."),
+    ("pipeline_parallel.py", 3, [], "error: --blocks 4 cannot be cut into 3 equal stages: use a multiple of 3."),
+    ("mesh_2d.py", 3, [], "error: the meshes are 2 x 2 on 4 ranks (1 x 2 on 2, 1 x 1 on 1); 3 ranks do not form one."),
+    ("stragglers.py", 2, ["--slow-rank", "2"], "error: --slow-rank 2 is not a rank of this job (0 to 1)."),
+])
+def test_chapter_07_scripts_refuse_a_job_they_cannot_split_once_and_clearly(script, nproc, args, said, monkeypatch):
+    from course_utils.ch07_parallelism import CHAPTER_IMPORTS
+    from course_utils.launch import WARM_IMPORTS_VAR
+
+    monkeypatch.setenv(WARM_IMPORTS_VAR, ",".join(CHAPTER_IMPORTS))
+    with pytest.raises(LaunchError) as info:
+        torchrun(SCRIPTS / script, nproc=nproc, args=args, timeout=240, backend="gloo", show=False)
+    assert [text.count(said) for text in info.value.logs] == [1] + [0] * (nproc - 1)
+    assert info.value.exit_code == 2

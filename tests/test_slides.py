@@ -171,3 +171,31 @@ def test_every_rule_gives_a_known_slide_type():
     found = set(slides.slide_types(nb))
     assert found <= set(slides.SLIDE_TYPES)
     assert {"slide", "subslide", "fragment", "skip", "-"} <= found  # chapter 01 uses every rule
+
+
+def deep(cell: dict) -> dict:
+    cell["metadata"]["tags"] = ["deep-dive"]
+    return cell
+
+
+def test_deep_dives_are_skipped_and_the_core_path_goes_on_around_them():
+    cells = [md("# T"), md("## 1. Core"), code("x = 1"), deep(md("## Deep dive: more\n\ntext")),
+             deep(code("print(s)", [stream(40)])), deep(md("### A part of it")),
+             md("## 2. Core again\n\n**Predict, then run.** What?"), code("f()")]
+    assert types(*cells) == ["slide", "slide", "-", "skip", "skip", "skip", "slide", "fragment"]
+
+
+def test_a_prediction_in_a_deep_dive_does_not_make_the_next_core_cell_a_fragment():
+    assert types(md("# T"), deep(md("## Deep dive: x\n\n**Predict, then run.** ?")), md("## 2. Next"),
+                 code("g()")) == ["slide", "skip", "slide", "-"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_cell_of_a_deep_dive_is_skipped_in_the_committed_slides(path):
+    from tools import corepath
+
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    inside = corepath.deep_dive_cells(nb)
+    kinds = [c["metadata"].get("slideshow", {}).get("slide_type") for c in nb["cells"]]
+    assert all(kinds[i] == "skip" for i in inside)
+    assert not corepath.problems(nb, path.name)

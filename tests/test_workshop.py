@@ -54,17 +54,19 @@ def course_map() -> dict[str, int]:
         if cell["cell_type"] == "markdown" and text.startswith("## The course map"):
             header, *rows = _tables(text)[0]
             name, time = header.index("notebook"), header.index("time")
-            minutes = [int(re.fullmatch(r"(\d+) min", row[time]).group(1)) for row in rows]
+            minutes = [0 if row[time] == "self-study" else int(re.fullmatch(r"(\d+) min", row[time]).group(1))
+                       for row in rows]  # a self-study chapter: no slot in the workshop
             return {row[name].strip("`"): m for row, m in zip(rows, minutes, strict=True)}
     raise AssertionError("00_start_here.ipynb has no '## The course map' cell")
 
 
 def _headings(notebook) -> list[str]:
-    """The notebook's ``## `` section headings, without its "You will learn" list."""
+    """The notebook's ``## `` section headings of its core path: without its "You will learn" list and
+    without its deep dives (self-study, outside the timed plan)."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     lines = ["".join(c["source"]).splitlines() for c in cells if c["cell_type"] == "markdown"]
     found = [ln[3:].strip() for cell in lines for ln in cell if ln.startswith("## ")]
-    return [h for h in found if h != "You will learn"]
+    return [h for h in found if h != "You will learn" and not h.startswith("Deep dive: ")]
 
 
 def test_one_page_per_notebook_and_an_index():
@@ -177,3 +179,37 @@ def test_every_doctor_check_has_an_entry():
     listed = {row[0].strip("`") for row in _failure_rows(readme)}
     missing = _doctor_checks() - listed
     assert not missing, f"README.md's '{FAILURES}' table has no row for {sorted(missing)}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_guide_names_every_deep_dive_as_self_study(chapter):
+    from tools import corepath
+
+    nb = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text(encoding="utf-8"))
+    part = _section(_page(chapter), "Self-study: the deep dives")
+    assert workshop.begin("selfstudy") in part and workshop.END in part
+    deep = [s.title.removeprefix("Deep dive: ") for s in corepath.sections(nb) if s.deep]
+    for title in deep:
+        assert f"| {workshop._cell(title)} |" in part, f"{chapter}: the guide does not list the deep dive {title!r}"
+    if not deep:
+        assert "no deep dives" in part
+
+
+def test_selfstudy_lists_a_deep_dive_after_its_section(tmp_path, monkeypatch):
+    """On a small notebook: the deep dive is listed with the core section before it and its words."""
+    from tools import corepath
+
+    cells = [
+        {"cell_type": "markdown", "id": "a", "metadata": {}, "source": "# 09 · Test\n\nintro"},
+        {"cell_type": "markdown", "id": "b", "metadata": {}, "source": "## 1. Core part\n\none two three"},
+        {"cell_type": "markdown", "id": "c", "metadata": {"tags": ["deep-dive"]},
+         "source": "## Deep dive: the long story\n\n" + "word " * 300},
+        {"cell_type": "markdown", "id": "d", "metadata": {}, "source": "## Recap\n\n- done"},
+    ]
+    nb = tmp_path / "09_test.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    monkeypatch.setattr(corepath, "exercise_minutes", lambda chapter: 5)
+    monkeypatch.setattr(corepath, "course_map", lambda: {"09_test": 10})
+    text = workshop.selfstudy(nb)
+    assert "| the long story | 1. Core part | 306 | 2 |" in text
+    assert "of the 10-min slot" in text

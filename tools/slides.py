@@ -13,6 +13,8 @@ committed outputs as they are.
 
 The rules, for each cell, the first that applies:
 
+0. A cell of a **deep dive** (tagged ``deep-dive``: a section that opens with ``## Deep dive:``, see
+   ``tools/corepath.py``) is **skip**ped: deep dives are self-study, and the slideshow is the core path.
 1. A Markdown cell that opens with a ``# `` or ``## `` heading starts a **slide** (the chapter's title,
    its sections, the recap, the exercises).
 2. A Markdown cell that opens with a ``### `` heading starts a **subslide**: a screen of its
@@ -71,6 +73,7 @@ CLEANUP_CALLS = {"shutil.rmtree", "os.remove", "os.unlink", "cleanup", "unlink"}
 PREDICT = re.compile(r"\*\*Predict\b")
 EXERCISE = re.compile(r"^\*\*Q\d+\.\*\*", re.M)  # a paragraph that opens with **Q2.**
 WIDGET = "application/vnd.jupyter.widget-view+json"
+DEEP_DIVE = "deep-dive"  # rule 0: the cell tag of every cell of a deep dive (tools/corepath.py)
 SLIDE_TYPES = ("slide", "subslide", "fragment", "skip", "notes", "-")
 
 
@@ -184,7 +187,9 @@ def slide_types(nb: dict) -> list[str]:
     for cell in nb["cells"]:
         kind = cell.get("cell_type")
         level = heading_level(cell)
-        if level in (1, 2):
+        if DEEP_DIVE in cell.get("metadata", {}).get("tags", []):
+            t = "skip"
+        elif level in (1, 2):
             t = "slide"
         elif level == 3:
             t = "subslide"

@@ -9,6 +9,9 @@ The chapter pages in ``docs/instructor/`` are written by hand, except what lies 
 - ``stuck``, in each chapter page: for every exercise of the chapter, its prompt, each declared
   mistake with the reason the checker gives for it, and the hints in the order ``q.hint()`` gives
   them (all read from ``course_utils/exercises/chNN.py`` and ``chNN.en.toml``);
+- ``selfstudy``, in each chapter page: the chapter's core path against its slot (words, reading and
+  exercise minutes, from ``tools/corepath.py``) and its deep dives, which the slides skip, as
+  self-study, each with the core section it follows and its reading time;
 - ``answer-key.md``, whole: every exercise's prompt and the source that ``q.solution()`` shows.
 
 Importing the exercises imports torch and builds a few small models; nothing is run, no process is
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import ROOT, inventory
+from tools import corepath
 
 NOTEBOOKS = ROOT / "notebooks"
 GUIDE = ROOT / "docs" / "instructor"
@@ -142,6 +146,43 @@ def stuck(notebook: Path) -> str:
     return "\n".join(parts)
 
 
+def selfstudy(notebook: Path) -> str:
+    """The ``selfstudy`` section of a chapter page: the core path against the slot, and the deep dives."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    b = corepath.budget(notebook)
+    wpm = corepath.WORDS_PER_MINUTE
+    reading = f"about {{:.0f}} min of reading at {wpm} words a minute, plus {b.exercises} min of exercises"
+    if b.slot == 0:  # not in the workshop's day
+        words = b.words + b.deep_words
+        parts = [f"The whole chapter is self-study: the workshop does not teach it. {words:,} words, "
+                 f"{reading.format(words / wpm)}.\n"]
+    else:
+        over = ("" if b.fits else " That is over the slot: the timed plan above says what to skim, until the "
+                "chapter's longer material moves into deep dives.")
+        parts = [f"The core path (what the slides show): {b.words:,} words, {reading.format(b.reading)}: "
+                 f"{b.minutes} of the {b.slot}-min slot.{over}\n"]
+    rows, after = [], ""
+    for section in corepath.sections(nb):
+        if section.deep:
+            title = section.title.removeprefix(corepath.HEADING[3:])
+            minutes = max(1, round(section.words / wpm))
+            rows.append(f"| {_cell(title)} | {_cell(after)} | {section.words:,} | {minutes} |")
+        elif section.title:
+            after = section.title
+    if not rows:
+        parts.append("This chapter has no deep dives.\n")
+        return "\n".join(parts)
+    parts.append(
+        "The deep dives are self-study: the slides skip them, and the timed plan above leaves them out. "
+        "Point learners to them after the section they follow, for after the workshop or for those who "
+        "finish early. In the notebook each opens with a `## Deep dive:` heading, and every cell of it "
+        f"carries the cell tag `{corepath.TAG}`.\n"
+    )
+    head = ["| deep dive | after the section | words | reading (min) |", "| --- | --- | --- | --- |"]
+    parts.append("\n".join(head + rows) + "\n")
+    return "\n".join(parts)
+
+
 def answer_key() -> str:
     """``answer-key.md``: per chapter and exercise, the prompt and what ``q.solution()`` shows."""
     parts = [
@@ -164,7 +205,7 @@ def answer_key() -> str:
     return "\n".join(parts)
 
 
-SECTIONS = {"stuck": stuck}  # the generated sections of every chapter page, and what builds each
+SECTIONS = {"stuck": stuck, "selfstudy": selfstudy}  # the generated sections of every chapter page
 
 
 def _span(text: str, name: str) -> tuple[int, int] | None:

@@ -1,12 +1,17 @@
-"""Chapter 01: accumulated gradients, a custom backward, an HVP, finite differences, a backward walk."""
+"""Chapter 01: accumulated gradients, a custom backward, an HVP, finite differences, a backward walk as the
+engine does it, and a vector-Jacobian product (the deep dive on VJPs)."""
 
 import functools
-from unittest import mock
 
 import torch
 
+# autograd's names bound at import, as a learner's module may bind them: no patch of torch.autograd reaches these
+from torch.autograd import backward as _bound_backward
+from torch.autograd import grad as _bound_grad
+
 from ..i18n import spaced, tr
 from .core import Exercise, Incorrect, as_number, as_tensor, kind, take, variant
+from .probes import counting_ops, engine_runs, graph_nodes
 
 
 def answer_q1():
@@ -94,13 +99,18 @@ def _t(*v):
 _CUBIC = "(x**3).sum() + x[0] * x[1]"
 _SIN = "(x.sin() * x.roll(1)).sum()"
 _EXP = "(x.exp() * x**2).sum()"
+_WIDE = "(x**3).sum() + (x.sin() * x.roll(1)).sum()"
+_WIDE_N = 64  # the case where the constraint is judged: a 64 x 64 Hessian is 4,096 numbers
 
 
 def _cases_q3():
+    g = torch.Generator().manual_seed(3)
+    wide_x, wide_v = (torch.randn(_WIDE_N, generator=g, dtype=torch.float64) for _ in range(2))
     return [
         (_f(_CUBIC), _t(0.5, -1.0, 2.0), _t(1.0, 2.0, -0.5)),
         (_f(_SIN), _t(0.3, -1.2, 2.0, 0.7), _t(-1.0, 0.5, 2.0, 1.5)),
         (_f(_EXP), _t(-0.4, 0.9), _t(2.0, -3.0)),
+        (_f(_WIDE), wide_x, wide_v),
     ]
 
 
@@ -108,22 +118,40 @@ def _grad(f, x):
     return torch.autograd.grad(f(x), x, create_graph=True)[0]
 
 
+def _observe_q3(fn, case):
+    f, x, v = case[0], case[1].clone().requires_grad_(True), case[2].clone()
+    n = x.numel()
+    with counting_ops() as count:
+        out = fn(f, x, v)
+    hv = as_tensor(out, "hvp(f, x, v)")
+    if n >= _WIDE_N:  # "without building the Hessian": no n x n tensor, no backward pass per entry of x
+        whole = count.largest >= n * n or count.ops > 10 * n
+        yield tr(f"whether it computed all {n} x {n} entries of the Hessian",
+                 f"它是否算出了黑塞矩阵的全部 {n} x {n} 个元素"), whole
+    yield "result", hv
+
+
+def _describe_q3(c):
+    x, v = c[1].tolist(), c[2].tolist()
+    if len(x) > 8:
+        return tr(f"for f(x) = {c[0].__doc__} at a random x and v of {len(x)} entries each",
+                  f"对于 f(x) = {c[0].__doc__}，在各有 {len(x)} 个元素的随机 x 和 v 处")
+    return tr(f"for f(x) = {c[0].__doc__} at x = {x}, v = {v}", f"对于 f(x) = {c[0].__doc__}，在 x = {x}、v = {v} 处")
+
+
 q3 = Exercise(
     "Q3",
     hvp,
     cases=_cases_q3,
-    observe=lambda fn, c: as_tensor(
-        fn(c[0], c[1].clone().requires_grad_(True), c[2].clone()), "hvp(f, x, v)"
-    ),
-    describe=lambda c: tr(
-        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}, v = {c[2].tolist()}",
-        f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()}、v = {c[2].tolist()} 处",
-    ),
+    observe=_observe_q3,
+    describe=_describe_q3,
     mistakes=dict(
         retain_not_create=variant(hvp, "create_graph=True", "retain_graph=True"),
         first_derivative=_grad,
         v_missing=variant(hvp, "(g * v).sum()", "g.sum()"),
         entrywise_product=lambda f, x, v: _grad(f, x) * v,
+        functional_pair=torch.autograd.functional.hvp,
+        whole_hessian=lambda f, x, v: torch.autograd.functional.hessian(f, x) @ v,
     ),
 )
 
@@ -165,17 +193,63 @@ q4 = Exercise(
 
 
 def backward_walk(out):
-    grads = {}  # leaf tensor -> d out / d leaf
+    # 1. Each node's dependencies: how many edges lead into it (one per use of one of its outputs).
+    dependencies, stack = {out.grad_fn: 0}, [out.grad_fn]
+    while stack:
+        for child, _ in stack.pop().next_functions:
+            if child is None:  # an input that needs no gradient
+                continue
+            if child not in dependencies:
+                dependencies[child] = 0
+                stack.append(child)
+            dependencies[child] += 1
+
+    # 2. One input buffer per node, a slot per gradient it takes (input_nr); run a node once, when its
+    #    last gradient has arrived: with every path's contribution summed in its buffer.
+    buffers = {out.grad_fn: {0: torch.ones_like(out)}}
+    ready, grads = [out.grad_fn], {}
+    with torch.no_grad():  # calling the nodes must record nothing
+        while ready:  # the engine picks the most recent node first; any ready node gives the same sums
+            node = ready.pop()
+            buffer = buffers.pop(node)
+            if hasattr(node, "variable"):  # AccumulateGrad: the leaf's whole gradient
+                grads[node.variable] = buffer[0]
+                continue
+            # one gradient per output of the forward op (node._input_metadata); where none arrived, zeros
+            # (the engine passes an undefined tensor there, which the node's formula reads as zeros)
+            inputs = [buffer[i] if i in buffer else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
+                      for i, m in enumerate(node._input_metadata)]
+            sent = node(*inputs)  # the node's own backward: a vector-Jacobian product
+            if isinstance(sent, torch.Tensor):  # a node with one input returns a tensor, not a tuple
+                sent = (sent,)
+            for (child, input_nr), grad in zip(node.next_functions, sent, strict=True):
+                if child is None:
+                    continue
+                slot = buffers.setdefault(child, {})
+                if input_nr in slot:
+                    slot[input_nr] = slot[input_nr] + grad  # a new tensor: a node may send one to two inputs
+                else:
+                    slot[input_nr] = grad
+                dependencies[child] -= 1
+                if dependencies[child] == 0:
+                    ready.append(child)
+    return grads
+
+
+def per_path_walk(out):
+    """The recursive walk chapter 01 once gave as its answer: it calls a node once for every path that
+    reaches it (2**n calls after n reuses of an intermediate), and one gradient at a time."""
+    grads = {}
 
     def visit(node, grad):
-        if node is None:  # an input that needs no gradient
+        if node is None:
             return
-        if hasattr(node, "variable"):  # AccumulateGrad: a leaf. Add: a leaf may be reached twice
+        if hasattr(node, "variable"):
             leaf = node.variable
             grads[leaf] = grads[leaf] + grad if leaf in grads else grad
             return
-        sent = node(grad)  # the node's own backward: grad times its local derivatives
-        if isinstance(sent, torch.Tensor):  # a node with one input returns a tensor, not a tuple
+        sent = node(grad)
+        if isinstance(sent, torch.Tensor):
             sent = (sent,)
         for (next_node, _), g in zip(node.next_functions, sent, strict=True):
             visit(next_node, g)
@@ -185,36 +259,57 @@ def backward_walk(out):
     return grads
 
 
-def _case_q5(x, w, b, x_grad=True, also_times_w=False):
-    """Build the chapter's graph: out = sigmoid(w * x + b), optionally times w (w used twice)."""
-    x = torch.tensor(x, requires_grad=x_grad)
-    w, b = torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)
-    out = torch.sigmoid(w * x + b)
-    if also_times_w:
-        out = out * w
-    if out.numel() > 1:
-        out = out.sum()
-    leaves = {"x": x, "w": w, "b": b} if x_grad else {"w": w, "b": b}
-    formula = "sigmoid(w*x + b)" + " * w" * also_times_w + ".sum()" * (x.numel() > 1)
-    return out, leaves, formula, {"x": x.tolist(), "w": w.tolist(), "b": b.tolist()}
+_CHAIN = 12  # reuses of an intermediate in the shared-node case: 2**12 paths
+
+
+def _q5_case(name, build, leaves, per_path=False):
+    """A case of Q5: `build(*leaves)` returns the scalar out; `leaves` are {name: (values, requires_grad)}."""
+    made = {k: torch.tensor(v, requires_grad=r) for k, (v, r) in leaves.items()}
+    out = build(**made)
+    grads_of = {k: t for k, t in made.items() if t.requires_grad}
+    shown = {k: t.tolist() for k, t in made.items() if t.numel() <= 4}
+    return out, grads_of, name, shown, per_path
+
+
+def _chain(x, w):
+    h = x * w
+    for _ in range(_CHAIN):
+        h = h + h * 0.5  # h is used twice: two paths lead back through every step
+    return h.sum()
 
 
 def _cases_q5():
+    g = torch.Generator().manual_seed(5)
+    words = torch.randn(5, 2, generator=g).tolist()
+    rows = torch.randn(6, 2, generator=g).tolist()
     return [
-        _case_q5([2.0], [3.0], [1.0]),
-        _case_q5([-1.5], [0.5], [0.3]),
-        _case_q5([0.5], [-2.0], [1.0], also_times_w=True),
-        _case_q5([1.0, -2.0], [0.7, 0.2], [0.1, -0.4], x_grad=False),
+        _q5_case("sigmoid(w*x + b)", lambda x, w, b: torch.sigmoid(w * x + b),
+                 {"x": ([2.0], True), "w": ([3.0], True), "b": ([1.0], True)}),
+        _q5_case("sigmoid(w*x + b).sum(), x needing no gradient", lambda x, w, b: torch.sigmoid(w * x + b).sum(),
+                 {"x": ([1.0, -2.0], False), "w": ([0.7, 0.2], True), "b": ([0.1, -0.4], True)}),
+        _q5_case("sigmoid(w*x + b) * w", lambda x, w, b: torch.sigmoid(w * x + b) * w,
+                 {"x": ([0.5], True), "w": ([-2.0], True), "b": ([1.0], True)}),
+        _q5_case(f"h = x * w, then h = h + h * 0.5 ({_CHAIN} times), out = h.sum()", _chain,
+                 {"x": ([0.3, -0.2], True), "w": ([1.5, 0.5], True)}, per_path=True),
+        _q5_case("(x + w).sum() + (x * 3).sum()", lambda x, w: (x + w).sum() + (x * 3).sum(),
+                 {"x": ([1.0, 2.0], True), "w": ([0.5, -1.0], True)}),
+        _q5_case("v1, v2, v3, v4, v5 = words.unbind(); tanh(v1 * v2).sum() + v3.sum()",
+                 lambda words: (lambda v: torch.tanh(v[0] * v[1]).sum() + v[2].sum())(words.unbind()),
+                 {"words": (words, True)}),
+        _q5_case("p1, p2, p3 = a.split(2); (p1 * p3).sum()",
+                 lambda a: (lambda p: (p[0] * p[2]).sum())(a.split(2)), {"a": (rows, True)}),
     ]
 
 
-def _graph_state(out, leaves, calls):
-    """What a walk did: call autograd, fill the leaves' .grad, free the saved tensors, or nothing."""
-    if calls:
-        return calls[0]
-    if any(leaf.grad is not None for leaf in leaves.values()):
+def _graph_state(out, leaves, runs):
+    """What a walk did: ask autograd's engine, fill the leaves' .grad, free the saved tensors, or nothing."""
+    filled = any(leaf.grad is not None for leaf in leaves.values())
+    if runs.nodes:
+        return tr("called backward()", "调用了 backward()") if filled else tr(
+            "asked autograd's engine (torch.autograd.grad)", "调用了 autograd 的引擎（torch.autograd.grad）")
+    if filled:
         return tr("filled the leaves' .grad", "填充了叶子张量的 .grad")
-    for node in _nodes(out):
+    for node in graph_nodes(out):
         for attr in (a for a in dir(node) if a.startswith("_saved_")):
             try:
                 getattr(node, attr)
@@ -223,28 +318,22 @@ def _graph_state(out, leaves, calls):
     return tr("left the graph and the leaves as they were", "没有改动计算图和叶子张量")
 
 
-def _nodes(out):
-    stack = [out.grad_fn]
-    while stack:
-        yield (node := stack.pop())
-        stack += [nxt for nxt, _ in node.next_functions if nxt is not None]
+_PER_PATH_OPS = 1000  # a walk per path runs about 2**13 node calls on the shared-node case; the engine 2 * 26
 
 
 def _observe_q5(fn, case):
-    out, leaves, _, _ = case
-    with (  # backward() and torch.autograd.grad would do the walk themselves
-        mock.patch("torch.autograd.backward", wraps=torch.autograd.backward) as backward,
-        mock.patch("torch.autograd.grad", wraps=torch.autograd.grad) as grad,
-    ):
+    out, leaves, _, _, per_path = case
+    with engine_runs(out) as runs, counting_ops() as count:  # the engine: whatever name it is called by
         grads = fn(out)
-    calls = [tr("called backward()", "调用了 backward()")] * backward.called
-    calls += [tr("called torch.autograd.grad", "调用了 torch.autograd.grad")] * grad.called
     if not isinstance(grads, dict):
         raise Incorrect(tr(
             f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}.",
             spaced("backward_walk(out) 应该返回一个 dict {叶子张量: 梯度}，但它返回的是", kind(grads), "。"),
         ))
-    yield tr("what your function did to the graph", "你的函数对计算图的影响"), _graph_state(out, leaves, calls)
+    yield tr("what your function did to the graph", "你的函数对计算图的影响"), _graph_state(out, leaves, runs)
+    if per_path:
+        yield tr("how often your walk ran each node", "你的遍历运行每个节点的次数"), (
+            tr("once", "一次") if count.ops <= _PER_PATH_OPS else tr("once per path to it", "每条路径一次"))
     for name, leaf in leaves.items():
         if leaf not in grads:
             keys = take(grads.keys(), 3)
@@ -262,19 +351,43 @@ def _observe_q5(fn, case):
 
 
 def _leaves(out):
-    found = {id(n.variable): n.variable for n in _nodes(out) if hasattr(n, "variable")}
+    found = {id(n.variable): n.variable for n in graph_nodes(out) if hasattr(n, "variable")}
     return list(found.values())
 
 
 def _mistake_backward(out):
     leaves = _leaves(out)
-    out.backward()
+    _bound_backward(out)
     return {leaf: leaf.grad for leaf in leaves}
 
 
 def _autograd_grads(out):
     leaves = _leaves(out)
-    return leaves, torch.autograd.grad(out, leaves)
+    return leaves, _bound_grad(out, leaves)
+
+
+def _visited(out):
+    """Enters each node once (a `visited` set), with the first gradient that reaches it."""
+    grads, seen = {}, set()
+
+    def visit(node, grad):
+        if node is None:
+            return
+        if hasattr(node, "variable"):
+            leaf = node.variable
+            grads[leaf] = grads[leaf] + grad if leaf in grads else grad
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        sent = node(grad)
+        for (next_node, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent,
+                                     strict=True):
+            visit(next_node, g)
+
+    with torch.no_grad():
+        visit(out.grad_fn, torch.ones_like(out))
+    return grads
 
 
 q5 = Exercise(
@@ -283,16 +396,93 @@ q5 = Exercise(
     cases=_cases_q5,
     observe=_observe_q5,
     describe=lambda c: tr(
-        f"for out = {c[2]} at {', '.join(f'{k} = {v}' for k, v in c[3].items())}",
-        f"对于 out = {c[2]}，在 {'、'.join(f'{k} = {v}' for k, v in c[3].items())} 处",
+        f"for out = {c[2]}" + (f" at {', '.join(f'{k} = {v}' for k, v in c[3].items())}" if c[3] else ""),
+        f"对于 out = {c[2]}" + (f"，在 {'、'.join(f'{k} = {v}' for k, v in c[3].items())} 处" if c[3] else ""),
     ),
-    mistakes=dict(
+    mistakes=dict(  # in the order they are tried: the first that behaves like the answer gives its reason
         called_backward=_mistake_backward,
         autograd_grad=lambda out: dict(zip(*_autograd_grads(out), strict=True)),
-        overwrites_last=variant(backward_walk, "grads[leaf] + grad if", "grad if"),
-        keeps_first=variant(backward_walk, "grads[leaf] + grad if", "grads[leaf] if"),
-        no_chain_rule=variant(backward_walk, "node(grad)", "[grad] * len(node.next_functions)"),
+        one_slot=variant(backward_walk, "buffer[i] if i in buffer else torch.zeros(m.shape, dtype=m.dtype, device=m.device)",
+                         "buffer[0]", "for i, m in enumerate(node._input_metadata)]", "]"),
+        visited=_visited,
+        overwrites_last=variant(backward_walk, "slot[input_nr] + grad  #", "grad  #"),
+        keeps_first=variant(backward_walk, "slot[input_nr] + grad  #", "slot[input_nr]  #"),
+        no_chain_rule=variant(backward_walk, "sent = node(*inputs)", "sent = [inputs[0]] * len(node.next_functions)"),
+        in_place_sum=variant(backward_walk, "slot[input_nr] = slot[input_nr] + grad", "slot[input_nr] += grad"),
+        per_path=per_path_walk,
     ),
 )
 
-EXERCISES = [q1, q2, q3, q4, q5]
+def vjp(f, x, u):
+    (g,) = torch.autograd.grad(f(x), x, grad_outputs=u)  # u^T J in one backward pass: no Jacobian
+    return g
+
+
+_ROT = "torch.stack([x[0] * x[1], x[1].sin(), x.sum() ** 2, x[2]])"
+_SOFT = "torch.softmax(x, 0) * torch.arange(1.0, 6.0, dtype=x.dtype)"
+
+
+def _vector_f(expr, matrix=None):
+    """The vector function f(x) = `expr` of a float64 tensor x (with A, a fixed matrix, where it is used)."""
+
+    def f(x):
+        return eval(expr, {"x": x, "torch": torch, "A": matrix})
+
+    f.__doc__ = expr
+    return f
+
+
+_WIDE_M, _WIDE_K = 48, 64  # the case where the constraint is judged: a 48 x 64 Jacobian is 3,072 numbers
+_WIDE_F = "x[:48] * x[16:].cos() + torch.tanh(x).sum()"  # every output depends on every input; no matrix inside
+
+
+def _cases_q6():
+    g = torch.Generator().manual_seed(6)
+    r = functools.partial(torch.randn, generator=g, dtype=torch.float64)
+    a = r(6, 4)
+    return [
+        (_vector_f(_ROT), _t(0.5, -1.0, 2.0), _t(1.0, -2.0, 0.5, 3.0)),
+        (_vector_f(_SOFT), _t(0.3, -1.2, 2.0, 0.7, 0.0), _t(1.0, 0.0, -1.0, 2.0, 0.5)),
+        (_vector_f("torch.tanh(A @ x)", a), r(4), r(6)),
+        (_vector_f(_WIDE_F), r(_WIDE_K), r(_WIDE_M)),
+    ]
+
+
+def _observe_q6(fn, case):
+    f, x, u = case[0], case[1].clone().requires_grad_(True), case[2].clone()
+    with counting_ops() as count:
+        out = fn(f, x, u)
+    got = as_tensor(out, "vjp(f, x, u)")
+    m, n = u.numel(), x.numel()
+    if n >= _WIDE_K:  # "without building the Jacobian": no m x n tensor, no backward pass per output
+        whole = count.largest >= m * n or count.ops > 10 * m
+        yield tr(f"whether it computed all {m} x {n} entries of the Jacobian",
+                 f"它是否算出了雅可比矩阵的全部 {m} x {n} 个元素"), whole
+    yield "result", got
+
+
+def _describe_q6(c):
+    x, u = c[1].tolist(), c[2].tolist()
+    if len(x) > 8:
+        return tr(f"for f(x) = {c[0].__doc__} at a random x of {len(x)} entries and u of {len(u)}",
+                  f"对于 f(x) = {c[0].__doc__}，在随机的 x（{len(x)} 个元素）和 u（{len(u)} 个元素）处")
+    return tr(f"for f(x) = {c[0].__doc__} at x = {[round(v, 4) for v in x]}, u = {[round(v, 4) for v in u]}",
+              f"对于 f(x) = {c[0].__doc__}，在 x = {[round(v, 4) for v in x]}、u = {[round(v, 4) for v in u]} 处")
+
+
+q6 = Exercise(
+    "Q6",
+    vjp,
+    cases=_cases_q6,
+    observe=_observe_q6,
+    describe=_describe_q6,
+    mistakes=dict(
+        no_grad_outputs=variant(vjp, ", grad_outputs=u", ""),
+        ones_not_u=variant(vjp, "grad(f(x), x, grad_outputs=u)", "grad(f(x).sum(), x)"),
+        jvp_not_vjp=lambda f, x, u: torch.autograd.functional.jvp(f, x, u)[1],
+        whole_jacobian=lambda f, x, u: u @ torch.autograd.functional.jacobian(f, x),
+    ),
+)
+
+
+EXERCISES = [q1, q2, q3, q4, q5, q6]

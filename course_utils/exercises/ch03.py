@@ -1,6 +1,8 @@
-"""Chapter 03: a Dataset, a padding collate_fn, a sharded stream, sampler weights, num_workers."""
+"""Chapter 03: a Dataset, a padding collate_fn, a sharded stream, sampler weights, num_workers, and a
+reproducible train/validation split (the deep dive on splitting datasets)."""
 
 import copy
+import random
 from typing import Any
 from unittest import mock
 
@@ -221,9 +223,61 @@ def pick_num_workers(seconds):
     return min(w for w, m in medians.items() if m <= 1.05 * best)
 
 
+def _random_timings(n_tables: int = 24, seed: int = 5) -> list[dict[int, list[float]]]:
+    """More timing tables, drawn from their own seeded generator: curves that rise, dip, plateau and rise
+    again, with noisy epochs; no median within 1% of a boundary of the rule, so float rounding cannot
+    decide. A rule right on a few boundaries must also be right on these."""
+    rng, tables = random.Random(seed), []
+    while len(tables) < n_tables:
+        workers = sorted(rng.sample([0, 1, 2, 3, 4, 6, 8], rng.randint(3, 6)))
+        if len(tables) % 2:  # anywhere
+            medians = {w: round(rng.uniform(0.3, 2.0), 3) for w in workers}
+        else:  # a curve of small steps: many under 5%, adding up to more
+            medians, m = {}, rng.uniform(0.8, 2.0)
+            for w in workers:
+                medians[w], m = round(m, 3), m * rng.uniform(0.9, 1.06)
+        best = min(medians.values())
+        if any(abs(m - 1.05 * best) < 0.01 * best for m in medians.values()):
+            continue
+        table = {}
+        for w in rng.sample(workers, len(workers)):  # keys in no particular order
+            m, k = medians[w], rng.choice((1, 3, 5))
+            low = [round(m - rng.uniform(0, 0.3 * m), 3) for _ in range(k // 2)]
+            high = [round(m + rng.uniform(0, 0.6 * m), 3) for _ in range(k // 2)]
+            table[w] = rng.sample([*low, m, *high], k)  # the median is m; one slow or lucky epoch each side
+        if len({_pick(table, stat) for stat in (_median, _mean, min)}) == 1:  # the statistic cannot decide:
+            tables.append(table)  # these tables judge the rule; the fixed ones judge the statistic
+    return tables
+
+
+def _median(times):
+    return sorted(times)[len(times) // 2]
+
+
+def _mean(times):
+    return sum(times) / len(times)
+
+
+def _pick(seconds, stat):
+    by = {w: stat(t) for w, t in seconds.items()}
+    return min(w for w, m in by.items() if m <= 1.05 * min(by.values()))
+
+
+def _greedy(seconds):
+    """Adds workers while the next setting is more than 5% faster than the one kept."""
+    medians = {w: sorted(t)[len(t) // 2] for w, t in sorted(seconds.items())}
+    pick, *rest = medians
+    for w in rest:
+        if medians[w] * 1.05 >= medians[pick]:
+            break
+        pick = w
+    return pick
+
+
 def _timings():
     # {num_workers: seconds of each epoch}: the first key within 5% is neither the answer nor the fastest;
-    # 4 fastest, 2 close; a slow epoch; a lucky epoch; keys unsorted; one epoch each; workers only cost
+    # 4 fastest, 2 close; a slow epoch; a lucky epoch; keys unsorted; one epoch each; workers only cost;
+    # gains under 5% a step that add up to more; then the drawn tables
     return [
         {4: [0.8] * 3, 0: [2.0] * 3, 2: [0.81] * 3, 8: [0.79] * 3},
         {0: [2.0, 2.1, 2.05], 1: [1.2, 1.1, 1.15], 2: [0.80, 0.82, 0.81], 4: [0.79, 0.80, 0.95]},
@@ -232,6 +286,9 @@ def _timings():
         {8: [0.5] * 3, 0: [2.0] * 3, 3: [0.52, 0.51, 0.50], 1: [0.54, 0.53, 0.54]},
         {0: [1.3], 1: [0.9], 2: [1.1]},
         {0: [0.40, 0.41, 0.40], 1: [0.45, 0.44, 0.46], 2: [0.60, 0.58, 0.59]},
+        {0: [1.0] * 3, 1: [0.97] * 3, 2: [0.90] * 3},  # one small step, then a large one: 2
+        {0: [1.0] * 3, 1: [0.90] * 3, 2: [0.86] * 3, 3: [0.82] * 3},  # a staircase of small steps: 2
+        *_random_timings(),
     ]
 
 
@@ -248,10 +305,76 @@ q5 = Exercise(
     observe=_pick_facts,
     describe=lambda s: tr(f"for seconds = {s}", f"当 seconds = {s} 时"),
     mistakes=dict(
+        greedy=_greedy,
         fastest=variant(pick_num_workers, "m <= 1.05 * best", "m == best"),
         mean=variant(pick_num_workers, "sorted(times)[len(times) // 2]", "sum(times) / len(times)"),
         best_epoch=variant(pick_num_workers, "sorted(times)[len(times) // 2]", "min(times)"),
     ),
 )
 
-EXERCISES = [q1, q2, q3, q4, q5]
+def train_val_split(dataset, val_fraction, seed):
+    n_val = int(len(dataset) * val_fraction)
+    g = torch.Generator().manual_seed(seed)  # its own generator: the global random stream is left alone
+    return torch.utils.data.random_split(dataset, [len(dataset) - n_val, n_val], generator=g)
+
+
+class Numbered(Dataset):
+    """Q6's dataset: item i is the number i, so that a split shows which items went where."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i
+
+
+def _items(part: Any, what: str) -> list[int]:
+    n = as_number(len(part), f"len({what})", whole=True)
+    return [as_number(part[i], tr(f"an item of {what}", f"{what} 中的一项"), whole=True) for i in range(min(n, 1000))]
+
+
+def _split_facts(fn, case):
+    n, fraction = case
+    state = torch.get_rng_state()
+    out = fn(Numbered(n), fraction, 7)
+    rng_left = torch.equal(state, torch.get_rng_state())
+    parts = take(out, 3)
+    if len(parts) != 2:
+        raise Incorrect(tr(f"train_val_split should return two datasets (train, val), not {kind(out)}.",
+                           spaced("train_val_split 应该返回两个数据集 (train, val)，而不是", kind(out), "。")))
+    train, val = _items(parts[0], "train"), _items(parts[1], "val")
+    yield tr("the sizes (train, val)", "(train, val) 的大小"), (len(train), len(val))
+    yield tr("every item once, in train or in val", "每一项恰好出现一次，不在 train 就在 val"), sorted(train + val) == list(range(n))
+    yield tr("the global random stream left as it was", "全局随机数流保持原样"), rng_left
+    yield tr("val is simply the last items", "val 只是最后那几项"), val == list(range(n - len(val), n))
+    again = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 7), 3)[1:2]]
+    yield tr("the same seed gives the same split", "同一个种子得到同样的划分"), again == [val]
+    other = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 8), 3)[1:2]]
+    yield tr("another seed gives another split", "换一个种子得到不同的划分"), other != [val]
+
+
+q6 = Exercise(
+    "Q6",
+    train_val_split,
+    cases=lambda: [(40, 0.25), (30, 0.25), (11, 0.3)],
+    observe=_split_facts,
+    describe=lambda c: tr(f"for a dataset of {c[0]} items and val_fraction={c[1]}",
+                          f"对于一个有 {c[0]} 项的数据集、val_fraction={c[1]}"),
+    mistakes=dict(
+        global_generator=variant(train_val_split, ", generator=g)", ")"),
+        not_shuffled=lambda dataset, val_fraction, seed: (
+            torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction))),
+            torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction), len(dataset)))),
+        seed_ignored=variant(train_val_split, "manual_seed(seed)", "manual_seed(0)"),
+        rounded=variant(train_val_split, "int(len(dataset) * val_fraction)", "round(len(dataset) * val_fraction)"),
+        swapped=lambda dataset, val_fraction, seed: train_val_split(dataset, val_fraction, seed)[::-1],
+    ),
+)
+
+
+EXERCISES = [q1, q2, q3, q4, q5, q6]

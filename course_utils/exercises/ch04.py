@@ -1,12 +1,21 @@
-"""Chapter 04: DistributedSampler shares, an all-reduced metric, set_epoch, the global batch size."""
+"""Chapter 04: DistributedSampler shares, all_reduce built from its two halves on real processes,
+set_epoch, the global batch size."""
+
+import linecache
+import marshal
+import pickle
+import tempfile
+import types
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from ..data import sampler_indices
 from ..i18n import tr
-from .core import Exercise, as_ints, as_number, take, variant
-from .shared import fake_dist, numbers_on_ranks
+from . import core
+from .core import Exercise, Incorrect, as_ints, as_number, take, variant
 
 
 def answer_q1():
@@ -34,24 +43,226 @@ q1 = Exercise(
 )
 
 
-def global_accuracy(correct, total, dist):
-    counts = torch.tensor([correct, total], dtype=torch.float64)
-    dist.all_reduce(counts)  # sum over ranks: [all correct, all images]
-    return (counts[0] / counts[1]).item()
+def two_step_all_reduce(t):
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))  # t's length is a multiple of the world size
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks)  # rank r: the sum over all ranks of chunk r
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)  # every rank: every rank's summed chunk, in rank order
+    return torch.cat(parts)
 
 
-_SHARDS = ([(90, 100), (1, 10), (45, 60)], [(3, 4), (10, 40)], [(7, 7), (0, 5), (20, 30), (1, 2)])
-q2 = Exercise(
+def _all_reduce_itself(t):
+    dist.all_reduce(t)
+    return t
+
+
+# What the ranks of the check run: each answer on 3 real gloo processes, then on ranks 0 and 1 as a group
+# of 2 (``dist`` and ``torch.distributed`` are that group there), with three tensors each; every call
+# to torch.distributed noted. Answers travel as code objects (marshal: the same Python), so a function
+# typed in a notebook runs as typed. Written to a temporary file for each launch.
+_HARNESS = r"""
+import builtins, marshal, os, pickle, sys, traceback, types
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from course_utils.dist import setup
+
+SHOWN = {"get_rank", "get_world_size", "ReduceOp", "is_initialized", "is_available", "group", "get_backend"}
+
+
+class View:
+    # torch.distributed as an answer sees it: `group` (None: everyone) by default, its calls noted
+    def __init__(self, group, calls):
+        self.group, self.calls = group, calls
+
+    def __getattr__(self, name):
+        real = getattr(dist, name)
+        if name in ("get_rank", "get_world_size"):
+            return lambda group=None: real(group if group is not None else self.group)
+        if name in SHOWN or not callable(real) or isinstance(real, type):
+            return real
+
+        def call(*args, **kwargs):
+            self.calls.append(name)
+            if self.group is not None and "group" not in kwargs:
+                kwargs["group"] = self.group
+            return real(*args, **kwargs)
+
+        return call
+
+
+class TorchView:
+    def __init__(self, view):
+        self.distributed = view
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def tensors(world, rank):
+    g = torch.Generator().manual_seed(7 * world + rank)
+    return [torch.arange(2 * world) + 10 * rank, torch.randn(3 * world, generator=g),
+            torch.full((world,), rank + 1.0, dtype=torch.float64)]
+
+
+def run(code, defaults, world, group):
+    calls, out = [], []
+    view = View(group, calls)
+    fn = types.FunctionType(marshal.loads(code), {"torch": TorchView(view), "dist": view, "__builtins__": builtins})
+    fn.__defaults__ = defaults
+    for t in tensors(world, dist.get_rank(group)):
+        try:
+            got = fn(t.clone())
+        except (Exception, SystemExit) as exc:
+            line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
+                         if f.filename == fn.__code__.co_filename), None)
+            return {"calls": calls, "error": (type(exc).__name__, str(exc).strip().splitlines()[:1], line)}
+        if not isinstance(got, torch.Tensor):
+            out.append(type(got).__name__)
+        elif got.numel() > 10**6:
+            out.append(f"a tensor of shape {tuple(got.shape)}")
+        else:
+            out.append(got.detach().clone())
+    return {"calls": calls, "error": None, "returned": out}
+
+
+job = pickle.loads(Path(sys.argv[1]).read_bytes())
+ctx = setup(backend="gloo", timeout_s=job["timeout"])
+pair = dist.new_group([0, 1])
+found = {}
+for key, (code, defaults) in job["answers"].items():
+    found[key] = {3: run(code, defaults, 3, None)}
+    if ctx.rank < 2:
+        found[key][2] = run(code, defaults, 2, pair)
+torch.save(found, Path(sys.argv[2]) / f"rank{ctx.rank}.pt")
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # at once: an interpreter that imported torch takes a second to finalise
+"""
+_ON_RANKS: dict = {}  # (code, defaults) -> what the ranks found (answers are deterministic)
+_CASE_TEXT = ("t = torch.arange(2 * world) + 10 * rank (int64)",
+              "t = 3 * world seeded float32 random numbers (a generator per rank)",
+              "t = torch.full((world,), rank + 1.0, dtype=torch.float64)")
+
+
+LAUNCH_ALLOWANCE_S = 10.0  # what starting 3 ranks may take on top of the time limit (the real torchrun: seconds)
+
+
+def _key(fn):
+    return marshal.dumps(fn.__code__), fn.__defaults__
+
+
+def _runs_alone(fn) -> bool:
+    """A function the ranks can run from its code alone: written with def or lambda, no closure."""
+    return isinstance(fn, types.FunctionType) and not fn.__code__.co_freevars
+
+
+def _launch(answers, timeout):
+    """Run `answers` on 3 real ranks (through the course's launcher), in one job, at most `timeout`
+    seconds; cache what the ranks found, or why the job failed, for each."""
+    from ..launch import LaunchError, torchrun  # imports torch.distributed: only when checking
+
+    with tempfile.TemporaryDirectory(prefix="ch04-q2-") as folder:
+        job = {"answers": {i: _key(fn) for i, fn in enumerate(answers)}, "timeout": 8.0}
+        Path(folder, "job.pkl").write_bytes(pickle.dumps(job))
+        Path(folder, "on_ranks.py").write_text(_HARNESS)
+        try:
+            torchrun("on_ranks.py", nproc=3, args=["job.pkl", "."], timeout=timeout, backend="gloo", show=False,
+                     cwd=folder)
+        except LaunchError as exc:
+            last = next((line for text in exc.stderr for line in reversed(text.splitlines()) if line.strip()), "")
+            failed = {"incorrect": tr(
+                f"your function made a rank fail or hang on 3 real processes (within {timeout:g} s; "
+                f"{last.strip()[:300] or type(exc).__name__}). Every rank must make the same collective calls, "
+                "in the same order, and finish.",
+                f"你的函数让某个 rank 在 3 个真实进程上失败或卡住了（时限 {timeout:g} 秒；"
+                f"{last.strip()[:300] or type(exc).__name__}）。每个 rank 都必须以相同的顺序做相同的集合通信调用，并且能够结束。",
+            )}
+            for fn in answers:
+                _ON_RANKS[_key(fn)] = failed
+            return
+        ranks = [torch.load(Path(folder, f"rank{r}.pt"), weights_only=False) for r in range(3)]
+    for i, fn in enumerate(answers):
+        _ON_RANKS[_key(fn)] = {w: [ranks[r][i][w] for r in range(w)] for w in (2, 3)}
+
+
+class OnRanks(Exercise):
+    """An exercise checked on real processes. The learner's function is launched once, before the check
+    proper, bounded by the launcher's timeout (the time limit plus LAUNCH_ALLOWANCE_S for starting the
+    ranks), and what the ranks found is then judged like any answer: the time limit of the check does
+    not pay for the start of the ranks (a fraction of a second with the warm engine, seconds with the
+    real torchrun on macOS and Windows). Nothing of the learner's code runs in this process."""
+
+    def check(self, answer=Ellipsis):  # noqa: D102 - Exercise.check, after the launch
+        if _runs_alone(answer) and _key(answer) not in _ON_RANKS:
+            try:
+                _launch([answer], timeout=core.TIME_LIMIT_S + LAUNCH_ALLOWANCE_S)
+            except Exception as exc:  # a check never raises: the judging below says what went wrong
+                _ON_RANKS[_key(answer)] = {"incorrect": tr(f"the check could not start its ranks ({exc}).",
+                                                           f"检查程序无法启动它的 rank（{exc}）。")}
+        return super().check(answer)
+
+
+def _two_step_facts(fn, world):
+    if not _runs_alone(fn):
+        free = ", ".join(getattr(getattr(fn, "__code__", None), "co_freevars", ()))
+        raise Incorrect(tr(
+            f"pass a function written with def whose code runs alone on each rank, with only `torch` and `dist`"
+            f"{f' (yours uses names from the function around it: {free})' if free else ''}.",
+            f"请传入一个用 def 定义的函数，它的代码要能在每个 rank 上单独运行，只用到 `torch` 和 `dist`"
+            f"{f'（你的函数用到了外层函数中的名字：{free}）' if free else ''}。",
+        ))
+    if _key(fn) not in _ON_RANKS:
+        own = [q2.model_answer, *q2.mistakes.values()]
+        _launch(own if any(fn is f for f in own) else [fn], timeout=60.0)
+    found = _ON_RANKS[_key(fn)]
+    if "incorrect" in found:
+        raise Incorrect(found["incorrect"])
+    found = found[world]
+    for rank, rec in enumerate(found):
+        if rec["error"] is not None:
+            kind, text, line = rec["error"]
+            if kind == "NotImplementedError":
+                raise NotImplementedError
+            code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
+            where = tr(f" (line {line}: `{code}`)", f"（第 {line} 行：`{code}`）") if code else ""
+            raise Incorrect(tr(
+                f"on {world} ranks, your function raised {kind}: {' '.join(text)} on rank {rank}{where}.",
+                f"在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: {' '.join(text)}{where}。",
+            ))
+        bad = next((x for x in rec["returned"] if isinstance(x, str)), None)
+        if bad is not None:
+            raise Incorrect(tr(f"on {world} ranks, rank {rank} returned {bad}, not the tensor of sums.",
+                               f"在 {world} 个 rank 上，rank {rank} 返回的是 {bad}，而不是求和后的张量。"))
+    for k, text in enumerate(_CASE_TEXT):
+        yield (tr(f"what ranks 0..{world - 1} return for {text}", f"对于 {text}，rank 0..{world - 1} 的返回值"),
+               [rec["returned"][k] for rec in found])
+    calls = set(found[0]["calls"])  # after the results: a wrong result says more than a call
+    yield (tr("the collectives it calls that do the job in one go (all_reduce, reduce, broadcast)",
+              "它调用的一步到位的集合通信（all_reduce、reduce、broadcast）"),
+           sorted(calls & {"all_reduce", "reduce", "broadcast"}))
+    yield (tr("whether it calls reduce_scatter (or reduce_scatter_tensor)", "它是否调用了 reduce_scatter（或 reduce_scatter_tensor）"),
+           bool(calls & {"reduce_scatter", "reduce_scatter_tensor"}))
+    yield (tr("whether it calls all_gather (or all_gather_into_tensor)", "它是否调用了 all_gather（或 all_gather_into_tensor）"),
+           bool(calls & {"all_gather", "all_gather_into_tensor"}))
+
+q2 = OnRanks(
     "Q2",
-    global_accuracy,
-    cases=lambda: _SHARDS,
-    observe=lambda fn, s: numbers_on_ranks(fn, s, lambda r, w, c, t: (c, t, fake_dist(r, w))),
-    describe=lambda s: tr(f"for (correct, total) = {s} on {len(s)} ranks", f"当 {len(s)} 个 rank 上的 (correct, total) = {s} 时"),
+    two_step_all_reduce,
+    cases=lambda: [3, 2],
+    observe=_two_step_facts,
+    describe=lambda world: tr(f"on {world} real processes", f"在 {world} 个真实进程上"),
     mistakes=dict(
-        mean_of_accuracies=variant(global_accuracy, "[correct, total]", "[correct / total, 1.0]"),
-        not_reduced=variant(global_accuracy, "dist.all_reduce(counts)", "pass"),
-        own_total=variant(global_accuracy, "counts[0] / counts[1]", "counts[0] / total"),
-        percentage=lambda c, t, d: 100 * global_accuracy(c, t, d),
+        all_reduce_itself=_all_reduce_itself,
+        own_chunk_only=variant(two_step_all_reduce, "return torch.cat(parts)", "return mine"),
+        averaged=variant(two_step_all_reduce, "return torch.cat(parts)", "return torch.cat(parts) / world"),
+        gathered_unreduced=variant(two_step_all_reduce, "dist.reduce_scatter(mine, chunks)",
+                                   "mine.copy_(chunks[dist.get_rank()])"),
     ),
 )
 

@@ -3,9 +3,10 @@
 import contextlib
 import copy
 import functools
-import io
 import os
+import sys
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 from unittest import mock
@@ -13,8 +14,8 @@ from unittest import mock
 import torch
 from torch.utils.data import DistributedSampler
 
-from ..i18n import tr
-from .core import Exercise, as_ints, as_number, variant
+from ..i18n import spaced, tr
+from .core import Exercise, Incorrect, as_ints, kind, variant
 from .shared import numbers_on_ranks
 
 
@@ -91,9 +92,21 @@ def _resume_facts(fn, case):
     yield running, None if exp_avg is None else exp_avg.clone()
     yield tr("the scheduler's step", "学习率调度器的步数"), sched.last_epoch
     yield tr("the learning rate", "学习率"), opt.param_groups[0]["lr"]
-    start = as_number(start, tr("the start epoch you return", "你返回的起始 epoch"), whole=True)
-    yield tr("the start epoch", "起始 epoch"), start
-    _train(model, opt, sched, data[start * per_epoch :])
+    try:  # what the training loop does with it
+        resumed_epochs = range(start, epochs)
+    except TypeError:
+        resumed_epochs = None
+    if resumed_epochs is None or isinstance(start, bool):
+        raise Incorrect(tr(
+            f"the loop `for epoch in range(start, epochs)` cannot start from what you return ({kind(start)}): "
+            "range() needs a whole number of type int (a float like 3.0 raises TypeError). Return ckpt['epoch'] "
+            "as it is.",
+            spaced("循环 `for epoch in range(start, epochs)` 无法从你返回的值（", kind(start), "）开始：range() "
+                   "需要一个 int 类型的整数（像 3.0 这样的浮点数会引发 TypeError）。请原样返回 ckpt['epoch']。"),
+        ))
+    yield tr("the start epoch", "起始 epoch"), resumed_epochs.start
+    for epoch in resumed_epochs:
+        _train(model, opt, sched, data[epoch * per_epoch : (epoch + 1) * per_epoch])
     yield tr("the weights at the end of the resumed run", "恢复训练结束时的权重"), model.weight.detach()
 
 
@@ -148,12 +161,22 @@ q3 = Exercise(
 
 def save_atomically(obj, path):
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")  # same folder, same file system
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk
-    os.replace(tmp, path)  # atomic: the old file or the new one, never half of one
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # same folder, a fresh name
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk
+        os.replace(tmp, path)  # atomic: the old file or the new one, never half of one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a failed save (a full disk) leaves no half-written file behind
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # POSIX: the rename itself on disk too
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def _swallowing(obj, path):
@@ -161,36 +184,100 @@ def _swallowing(obj, path):
         save_atomically(obj, path)
 
 
-def _crash(fn, obj, arg, path, call, renames):
-    """``fn(obj, arg)`` while the `call`-th torch.save writes half its bytes and raises OSError: did the error
-    reach the caller, and what did `path` hold at the crash (a real crash runs no ``except``)?"""
-    real_save, calls, held = torch.save, [0], []
+def _delete_then_rename(obj, path):
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    path.unlink(missing_ok=True)  # no checkpoint at all from here ...
+    os.rename(tmp, path)  # ... to here
 
-    def save(obj, f, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] != call:
-            return real_save(obj, f, *args, **kwargs)
-        buf = io.BytesIO()
-        real_save(obj, buf)
-        data = buf.getvalue()[: len(buf.getvalue()) // 2]
-        if isinstance(f, str | os.PathLike):
-            Path(f).write_bytes(data)
-        else:
-            f.write(data)
-            f.flush()
-        held.append(_held(path))
-        raise OSError(tr("simulated crash: the process died half-way through torch.save",
-                         "模拟的崩溃：进程在 torch.save 写到一半时终止了"))
 
-    def recording(real):
-        return lambda src, dst, *a, **k: (renames.append(Path(src)), real(src, dst, *a, **k))[1]
+def _temp_elsewhere(obj, path):
+    fd, tmp = tempfile.mkstemp(suffix=".pt")  # the system's temporary folder
+    with os.fdopen(fd, "wb") as f:
+        torch.save(obj, f)
+    os.replace(tmp, path)
 
-    crashed, replace, rename = True, recording(os.replace), recording(os.rename)
-    with mock.patch("torch.save", save), mock.patch.multiple(os, replace=replace, rename=rename):
-        with contextlib.suppress(OSError):
+
+# The operations that change what is on disk, as Python's audit events name them (a function bound
+# under any name raises them: `from os import replace` too), and torch.save's own file writer, which
+# opens a path in C++ and raises none: it is reported as an "open" while a check watches.
+_CHANGES = {  # each event's arguments that name a path it changes
+    "open": (0,), "os.rename": (0, 1), "os.remove": (0,), "os.truncate": (0,), "os.link": (1,), "os.symlink": (1,),
+    "os.rmdir": (0,), "shutil.copyfile": (1,), "shutil.move": (0, 1), "shutil.rmtree": (0,),
+}
+_WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_watch = threading.local()  # this thread's crash plan while a check runs it
+
+
+class _Crash(OSError):
+    """The simulated end of the process: what is on disk at that moment is what is left."""
+
+
+def _opens_for_writing(event, args):
+    if event != "open" or not isinstance(args[0], str | bytes | os.PathLike):
+        return False
+    mode, flags = args[1], args[2]
+    return bool(flags & _WRITE) if isinstance(flags, int) and flags >= 0 else any(c in str(mode) for c in "wax+")
+
+
+def _audit(event, args):
+    plan = getattr(_watch, "plan", None)
+    if plan is None or plan["busy"] or event not in _CHANGES or (event == "open" and not _opens_for_writing(event, args)):
+        return
+    plan["busy"] = True
+    try:
+        paths = [Path(os.fsdecode(args[i])) for i in _CHANGES[event] if isinstance(args[i], str | bytes | os.PathLike)]
+        plan["outside"] |= any(p.resolve().parent != plan["folder"] for p in paths if p.resolve() != plan["folder"])
+        plan["seen"] += 1
+        if plan["seen"] != plan["crash_at"]:
+            return
+        if plan["after"]:  # the operation happened, then the process died: a file opened for writing is empty
+            flags = args[2] if event == "open" and isinstance(args[2], int) else 0
+            if flags & os.O_TRUNC and not paths[0].is_dir():
+                paths[0].write_bytes(b"")
+        plan["held"] = _held(plan["path"])
+    finally:
+        plan["busy"] = False
+    raise _Crash(tr("simulated crash: the process died here", "模拟的崩溃：进程在这里终止了"))
+
+
+@functools.cache
+def _install_audit_hook():
+    """Once per process: audit hooks cannot be removed; outside a check this one returns at once."""
+    sys.addaudithook(_audit)
+
+
+def _watched_writer(real):
+    def writer(name_or_buffer):
+        if isinstance(name_or_buffer, str | os.PathLike):  # torch.save to a path: the file is opened in C++
+            sys.audit("open", os.fspath(name_or_buffer), "wb", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        return real(name_or_buffer)
+
+    return writer
+
+
+def _save_with_crash(fn, obj, arg, path, crash_at=0, after=False):
+    """``fn(obj, arg)`` while the `crash_at`-th operation that changes the disk is the last one the process
+    makes: the process "dies" just before it (or just after it, `after`). Returns (operations seen, what
+    `path` held at the crash or at the end, whether the crash reached the caller, whether anything was
+    written outside `path`'s folder)."""
+    _install_audit_hook()
+    plan = {"busy": False, "seen": 0, "crash_at": crash_at, "after": after, "path": path, "held": None,
+            "folder": path.parent.resolve(), "outside": False}
+    import torch.serialization as serialization
+
+    reached = False
+    _watch.plan = plan
+    try:
+        with mock.patch.object(serialization, "_open_zipfile_writer", _watched_writer(serialization._open_zipfile_writer)):
             fn(obj, arg)
-            crashed = False
-    return crashed, held[0] if held else _held(path)
+    except _Crash:
+        reached = True
+    finally:
+        _watch.plan = None
+    held = plan["held"] if plan["held"] is not None else _held(path)
+    return plan["seen"], held, reached, plan["outside"]
 
 
 def _held(path: Path):
@@ -205,23 +292,37 @@ def _held(path: Path):
 def _save_facts(fn, case):
     name, as_text = case
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "ckpt"
-        folder.mkdir()
-        path = folder / name
-        arg, renames = (str(path) if as_text else path), []
+        def fresh(k):  # a folder holding the checkpoint of epoch 1, as after a good save
+            folder = Path(tmp) / f"ckpt{k}"
+            folder.mkdir()
+            torch.save({"epoch": 1, "w": torch.ones(500)}, folder / name)
+            return folder / name
+
+        path = Path(tmp) / "first" / name
+        path.parent.mkdir()
+        arg = str(path) if as_text else path
         fn({"epoch": 1, "w": torch.ones(500)}, arg)
         yield tr("after a save, the file at `path` holds epoch", "保存之后，`path` 处的文件存的 epoch"), _held(path)
-        crashed, held = _crash(fn, {"epoch": 2, "w": torch.zeros(500)}, arg, path, 1, renames)
-        yield tr("the crash reached the caller (an OSError)", "“崩溃（一个 OSError）传到了调用方”"), crashed
-        next_save = tr("at a crash in the next save, the file at `path` holds epoch",
-                       "在下一次保存中崩溃时，`path` 处的文件存的 epoch")
-        yield next_save, held
-        _, held = _crash(fn, {"epoch": 3, "w": torch.ones(500)}, arg, path, 2, renames)
-        second_call = tr("at a crash in a save's second torch.save call, the file holds epoch",
-                         "在一次保存的第二次 torch.save 调用中崩溃时，文件存的 epoch")
-        yield second_call, held
-        inside = all(p.resolve().parent == folder.resolve() for p in renames)
-        yield tr("the temporary file is in the checkpoint's folder", "“临时文件与检查点在同一个文件夹中”"), inside
+        path = fresh("clean")
+        steps, held, _, outside = _save_with_crash(fn, {"epoch": 2, "w": torch.zeros(500)},
+                                                   str(path) if as_text else path, path)
+        lost, reached_all, next_ok = set(), True, True
+        for k, after in [(k, after) for k in range(1, steps + 1) for after in (False, True)]:
+            path = fresh(f"{k}-{after}")
+            arg = str(path) if as_text else path
+            _, state, reached, out = _save_with_crash(fn, {"epoch": 2, "w": torch.zeros(500)}, arg, path, k, after)
+            outside |= out
+            if state not in (1, 2):
+                lost.add(state)
+            reached_all &= reached
+            fn({"epoch": 3, "w": torch.ones(500)}, arg)  # the run goes on: its next save must work
+            next_ok &= _held(path) == 3
+        yield (tr("what the file at `path` holds at a crash, at any point of the next save, when that is not a "
+                  "whole checkpoint", "在下一次保存的任意时刻崩溃时，`path` 处的文件（若不是完整的检查点）"),
+               sorted(map(str, lost)))
+        yield tr("every crash reached the caller (an OSError)", "“每次崩溃（OSError）都传到了调用方”"), reached_all
+        yield tr("the files it writes are in the checkpoint's folder", "“它写入的文件都在检查点所在的文件夹中”"), not outside
+        yield tr("after each crash, the next save holds epoch 3", "“每次崩溃之后，下一次保存都存下了 epoch 3”"), next_ok
 
 
 q4 = Exercise(
@@ -233,7 +334,12 @@ q4 = Exercise(
         f"for path=.../ckpt/{c[0]} (given as a {'str' if c[1] else 'Path'})",
         f"当 path=.../ckpt/{c[0]}（以 {'str' if c[1] else 'Path'} 的形式给出）时",
     ),
-    mistakes=dict(overwrites=lambda obj, path: torch.save(obj, path), swallows_error=_swallowing),
+    mistakes=dict(
+        overwrites=lambda obj, path: torch.save(obj, path),
+        delete_then_rename=_delete_then_rename,
+        swallows_error=_swallowing,
+        temp_elsewhere=_temp_elsewhere,
+    ),
 )
 
 EXERCISES = [q1, q2, q3, q4]

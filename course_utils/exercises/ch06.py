@@ -1,6 +1,12 @@
-"""Chapter 06: "spot the bug": the learner fixes a pitfall, the check runs it and measures the symptom."""
+"""Chapter 06: "spot the bug": the learner fixes a pitfall, the check runs it and measures the symptom; and
+the desynchronised collective found in the flight-recorder dumps of real jobs."""
 
+import copy
+import functools
+import json
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -31,12 +37,21 @@ class _InAList(FixedNet):
         return self.layers[1](torch.relu(self.layers[0](x)))
 
 
+def _reference_net():
+    """The reference model from a generator of its own: however many random numbers the learner's class
+    draws when it initialises itself (xavier_uniform_, hand-made parameters), the reference's weights,
+    copied into it, are these."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return FixedNet()
+
+
 q1 = Exercise(
     "Q1",
     FixedNet,
     form=nn.Module,
     cases=lambda: [torch.linspace(0, 1, 784 * 4).reshape(4, 784), torch.rand(6, 784)],
-    observe=lambda cls, x: module_facts(cls, FixedNet, x),
+    observe=lambda cls, x: module_facts(cls, _reference_net, x),
     describe=lambda x: tr(f"for a batch of shape {tuple(x.shape)}", f"对于形状为 {tuple(x.shape)} 的批次"),
     mistakes=dict(
         layer_in_forward=variant(
@@ -94,14 +109,24 @@ q2 = Exercise(
 
 
 def evaluate(model, x, y):
+    was_training = model.training  # the mode the training loop left it in
     model.eval()  # Dropout off, BatchNorm uses its running statistics
-    with torch.no_grad():  # no graph, no saved activations
+    with torch.no_grad():  # no graph, no saved activations (grad mode is back as it was afterwards)
         acc = (model(x).argmax(1) == y).float().mean().item()
-    model.train()  # back to training mode for the next step
+    model.train(was_training)  # back to the mode it was in
     return acc
 
 
-def _evaluate_facts(fn, seed):
+def _grad_switched_off(model, x, y):
+    model.eval()
+    torch.set_grad_enabled(False)  # off for everything after it, training included
+    acc = (model(x).argmax(1) == y).float().mean().item()
+    model.train()
+    return acc
+
+
+def _evaluate_facts(fn, case):
+    seed, training, grad = case
     layers = [nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)]
     model = nn.Sequential(*layers)
     g = torch.Generator().manual_seed(seed)
@@ -109,27 +134,41 @@ def _evaluate_facts(fn, seed):
     with torch.no_grad():  # give BatchNorm some running statistics
         for _ in range(5):
             model(x + 0.5)
+    model.train(training)
     stats, grad_seen = model[1].running_mean.clone(), []
     model.register_forward_hook(lambda m, i, o: grad_seen.append(torch.is_grad_enabled()))
-    result = fn(model, x, y)
+    torch.set_grad_enabled(grad)  # the session as the learner's loop has it when it calls evaluate
+    try:
+        result = fn(model, x, y)
+        grad_after = torch.is_grad_enabled()  # judged before anything restores it
+    finally:
+        torch.set_grad_enabled(True)
     unchanged = tr("BatchNorm's running statistics are unchanged", "“BatchNorm 的滑动统计量保持不变”")
     yield unchanged, torch.equal(model[1].running_mean, stats)
     accuracy = tr("the accuracy", "准确率")
     yield accuracy, as_number(result, accuracy)
     yield tr("autograd recorded the forward pass", "“autograd 记录了前向传播”"), any(grad_seen)
-    yield tr("the model is back in train mode", "“模型已回到训练模式”"), model.training
+    yield tr("the model is back in the mode it was in", "“模型已回到调用前的模式”"), model.training == training
+    yield tr("grad mode is as it was before the call", "“梯度模式与调用前相同”"), grad_after == grad
 
 
 q3 = Exercise(
     "Q3",
     evaluate,
-    cases=lambda: [1, 2],
+    cases=lambda: [(1, True, True), (2, False, True), (3, True, False)],
     observe=_evaluate_facts,
-    describe=lambda seed: tr(f"for the model and data of seed {seed}", f"对于种子为 {seed} 的模型和数据"),
+    describe=lambda c: tr(
+        f"for the model and data of seed {c[0]}, the model in {'train' if c[1] else 'eval'} mode and grad mode "
+        f"{'on' if c[2] else 'off'} when evaluate is called",
+        f"对于种子为 {c[0]} 的模型和数据，调用 evaluate 时模型处于{'训练' if c[1] else '评估'}模式、梯度模式"
+        f"{'开启' if c[2] else '关闭'}",
+    ),
     mistakes=dict(
         train_mode=variant(evaluate, "model.eval()", "pass"),
         records_graph=variant(evaluate, "with torch.no_grad():", "if True:"),
-        left_in_eval=variant(evaluate, "model.train()", "pass"),
+        left_in_eval=variant(evaluate, "model.train(was_training)", "pass"),
+        forces_train=variant(evaluate, "model.train(was_training)", "model.train()"),
+        grad_left_off=_grad_switched_off,
     ),
 )
 
@@ -180,4 +219,141 @@ q4 = Exercise(
     ),
 )
 
-EXERCISES = [q1, q2, q3, q4]
+def first_desync(records):
+    ops = [{e["collective_seq_id"]: (e["profiling_name"], e["input_sizes"], e["input_dtypes"]) for e in entries}
+           for entries in records.values()]
+    start = max(min(seqs) for seqs in ops)  # older entries may have left a rank's ring buffer
+    end = max(max(seqs) for seqs in ops)
+    for seq in range(start, end + 1):
+        first = ops[0].get(seq)
+        if any(rank_ops.get(seq) != first for rank_ops in ops):  # another collective, or none at all
+            return seq
+    return None
+
+
+def _two_ranks_only(records):
+    zero, one = ({e["collective_seq_id"]: (e["profiling_name"], e["input_sizes"], e["input_dtypes"])
+                  for e in records[r]} for r in (0, 1))
+    return next((s for s in range(max(min(zero), min(one)), max(*zero, *one) + 1) if zero.get(s) != one.get(s)), None)
+
+
+def _common_seqs_only(records):
+    ops = [{e["collective_seq_id"]: (e["profiling_name"], e["input_sizes"], e["input_dtypes"]) for e in entries}
+           for entries in records.values()]
+    common = set.intersection(*(set(o) for o in ops))
+    return next((s for s in sorted(common) if len({str(o[s]) for o in ops}) > 1), None)
+
+
+def _by_position(records):
+    for entries in zip(*records.values(), strict=False):
+        if len({(e["profiling_name"], str(e["input_sizes"]), str(e["input_dtypes"])) for e in entries}) > 1:
+            return entries[0]["collective_seq_id"]
+    return None
+
+
+# Real jobs that go out of step, each on its own ranks through the course's launcher, with the flight
+# recorder on (TORCH_FR_BUFFER_SIZE=200, as chapter 06's job): first collectives every rank makes, then a
+# tail that may differ between the ranks, enqueued without waiting (async_op=True: no rank hangs), then
+# each rank's record as the dumps of section 7 hold it.
+_FR_JOB = r"""
+import json, os, sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from course_utils.dist import setup
+
+SCENARIOS = {  # name: (the collectives every rank makes, each rank's tail)
+    "eval": ([("broadcast", "f", 128), ("broadcast", "l", 1), ("all_reduce", "f", 51018)] * 4,
+             [[("broadcast", "f", 128), ("broadcast", "l", 1)], [("barrier",)]]),
+    "sizes": ([("all_reduce", "f", 16)] * 5, [[("all_reduce", "f", 16)], [("all_reduce", "f", 15)]]),
+    "ring": ([("all_reduce", "f", 1), ("broadcast", "f", 1)] * 115, [[("broadcast", "f", 8), ("broadcast", "f", 8)], [("barrier",)]]),
+    "ahead": ([("all_reduce", "f", 2)] * 6, [[("all_reduce", "f", 2)], []]),
+    "dtype": ([("all_gather", "f", 2)] * 3, [[("broadcast", "f", 4)], [("broadcast", "f", 4)], [("broadcast", "l", 4)]]),
+    "agree": ([("all_reduce", "f", 3), ("all_gather", "l", 2)] * 3, [[("all_reduce", "f", 3)]] * 3),
+}
+
+
+def make(op, async_op, world):
+    name, *rest = op
+    if name == "barrier":
+        return dist.barrier(async_op=async_op)
+    kind, n = rest
+    t = torch.ones(n, dtype=torch.float32 if kind == "f" else torch.int64)
+    if name == "all_gather":
+        return dist.all_gather([torch.zeros_like(t) for _ in range(world)], t, async_op=async_op)
+    if name == "broadcast":
+        return dist.broadcast(t, 0, async_op=async_op)
+    return dist.all_reduce(t, async_op=async_op)
+
+
+ctx = setup(backend="gloo", timeout_s=10.0)
+common, tails = SCENARIOS[sys.argv[1]]
+for op in common:
+    make(op, False, ctx.world_size)
+pending = [make(op, True, ctx.world_size) for op in tails[ctx.rank]]
+record = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+keep = ("collective_seq_id", "profiling_name", "input_sizes", "input_dtypes", "state")
+entries = [{k: e[k] for k in keep} for e in record["entries"]]
+Path(sys.argv[2], f"rank{ctx.rank}.json").write_text(json.dumps(entries))
+sys.stdout.flush()
+os._exit(0)  # at once: the ranks' tails may never match
+"""
+_FR_CASES = (("eval", 2, "rank 0 evaluates through the DDP wrapper after the last epoch, rank 1 goes to the final barrier"),
+             ("sizes", 2, "the ranks all-reduce tensors of different sizes"),
+             ("ring", 2, "a long job: each rank's record holds only its last 200 collectives"),
+             ("ahead", 2, "rank 0 makes one collective more than rank 1"),
+             ("dtype", 3, "3 ranks: rank 2 broadcasts int64 where ranks 0 and 1 broadcast float32"),
+             ("agree", 3, "3 ranks that stay in step"))
+
+
+@functools.cache
+def _flight_records():
+    """Each case's records, from real ranks (a few tenths of a second each once the launcher is warm)."""
+    from ..launch import LaunchError, torchrun  # imports torch.distributed: only when checking
+
+    found = []
+    with tempfile.TemporaryDirectory(prefix="ch06-q5-") as folder:
+        Path(folder, "desync.py").write_text(_FR_JOB)
+        for name, nproc, _ in _FR_CASES:
+            out = Path(folder, name)
+            out.mkdir()
+            try:
+                torchrun("desync.py", nproc=nproc, args=[name, out], env={"TORCH_FR_BUFFER_SIZE": "200"},
+                         backend="gloo", show=False, timeout=60, cwd=folder)
+            except LaunchError as exc:  # the check's own jobs: not the learner's fault, and not cached
+                raise Incorrect(tr(f"the check could not run the job whose records it needs ({exc}); check again.",
+                                   f"检查程序无法运行它所需记录的那个作业（{exc}）；请再检查一次。")) from None
+            found.append({r: json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)})
+    return tuple(found)
+
+
+def _desync_facts(fn, case):
+    answer = fn(copy.deepcopy(_flight_records()[case]))
+    what = tr("the first sequence number at which the ranks differ", "各 rank 开始不一致的第一个序号")
+    yield what, None if answer is None else as_number(answer, what, whole=True)
+
+
+q5 = Exercise(
+    "Q5",
+    first_desync,
+    cases=lambda: range(len(_FR_CASES)),
+    observe=_desync_facts,
+    describe=lambda i: tr(f"for the dumps of a real job where {_FR_CASES[i][2]}",
+                          f"对于一个真实作业的转储（{_FR_CASES_ZH[i]}）"),
+    mistakes=dict(
+        two_ranks_only=_two_ranks_only,
+        common_seqs_only=_common_seqs_only,
+        name_only=variant(first_desync, 'e["input_sizes"], e["input_dtypes"]', "None"),
+        by_position=_by_position,
+    ),
+)
+_FR_CASES_ZH = ("最后一个 epoch 之后，rank 0 通过 DDP 包装器做评估，rank 1 进入最后的 barrier",
+                "各 rank 对大小不同的张量做 all_reduce",
+                "一个很长的作业：每个 rank 的记录只保留最近 200 次集合通信",
+                "rank 0 比 rank 1 多做了一次集合通信",
+                "3 个 rank：rank 0 和 rank 1 广播 float32 时，rank 2 广播的是 int64",
+                "3 个 rank 始终保持一致")
+
+EXERCISES = [q1, q2, q3, q4, q5]

@@ -94,6 +94,7 @@ class Exercise(ExerciseView):
     describe: Callable[[Any], str] = lambda case: ""
     tol: tuple[float, float] = (1e-5, 1e-6)
     form: str | type = "function"
+    extra_time_s: float = 0.0  # more seconds for a check that runs the answer on real ranks (a launch)
     prompt: str = ""
     hints: Sequence[str] = ()
     reasons: dict[str, str] = field(default_factory=dict)
@@ -124,10 +125,11 @@ class Exercise(ExerciseView):
         except Incorrect as exc:
             return "incorrect", str(exc)
         except TimeUp:
+            limit = TIME_LIMIT_S + self.extra_time_s
             return "incorrect", tr(
-                f"your code did not finish within {TIME_LIMIT_S:g} seconds (an endless loop, a "
+                f"your code did not finish within {limit:g} seconds (an endless loop, a "
                 "sleep, or an endless iterator?). Make it finish, then check again.",
-                f"你的代码没有在 {TIME_LIMIT_S:g} 秒内结束（无限循环、sleep，还是无尽的迭代器？）。"
+                f"你的代码没有在 {limit:g} 秒内结束（无限循环、sleep，还是无尽的迭代器？）。"
                 "让它能够结束，然后再检查。",
             )
         except (Exception, SystemExit) as exc:  # a check must never crash the notebook
@@ -152,7 +154,8 @@ class Exercise(ExerciseView):
             why = tr(f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}.",
                      spaced(f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；这里传入的是", it, "。"))
             raise Incorrect(why)
-        budget, tol = TIME_LIMIT_S, self.tol  # only the learner's code counts against the limit
+        # only the learner's code counts against the limit
+        budget, tol = TIME_LIMIT_S + self.extra_time_s, self.tol
         for i in range(len(self.cases())):
             want = outcome(self.observe, self.reference(), self._case(i))
             if "error" in want or "incorrect" in want:

@@ -80,7 +80,10 @@ def numbers_on_ranks(fn: Callable[..., Any], shards: Sequence[tuple], args: Call
 def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[str, Any]]:
     """What a learner's model class does, next to `reference`: its parameters, its outputs on `x` with the
     reference's weights copied in (so another valid implementation passes), training, and ``.to()``."""
-    model, ref = cls(), reference()
+    with torch.random.fork_rng(devices=[]):  # the reference's own generator: however the learner's model
+        torch.manual_seed(0)  # initialises itself (kaiming_uniform_ draws more numbers), its weights are these
+        ref = reference()
+    model = cls()
     if not isinstance(model, nn.Module):
         name = type(model).__name__
         raise Incorrect(tr(f"calling your class should give an nn.Module, but it gave {name}.",

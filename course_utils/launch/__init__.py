@@ -20,13 +20,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import ENGINES, LaunchError, LaunchResult, LaunchTimeout, choose_engine, torchrun, warm_up
+from .api import (
+    ENGINES,
+    WARM_IMPORTS_VAR,
+    LaunchError,
+    LaunchResult,
+    LaunchTimeout,
+    choose_engine,
+    torchrun,
+    warm_up,
+)
 from .capacity import machine_capacity
 from .cli import main
 from .spawn import CapturedStderr, SpawnFailed, child_stderr, error_lines, free_port, spawn_bounded
 
 __all__ = [
-    "ENGINES", "CapturedStderr", "LaunchError", "LaunchResult", "LaunchTimeout", "SpawnFailed",
+    "ENGINES", "WARM_IMPORTS_VAR", "CapturedStderr", "LaunchError", "LaunchResult", "LaunchTimeout", "SpawnFailed",
     "child_stderr", "choose_engine", "error_lines", "free_port", "machine_capacity", "main",
     "spawn_bounded", "torchrun", "warm_up",
 ]

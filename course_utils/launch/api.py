@@ -25,6 +25,7 @@ from . import display, warm
 from .capacity import check_capacity
 from .diagnosis import RankFailure, diagnose
 from .engine import JOB_VAR, Engine, Job, StartTimeout, job_env
+from .server import WARM_IMPORTS_VAR
 from .torchrun_engine import Torchrun
 from .watch import supervise
 
@@ -97,10 +98,20 @@ def choose_engine(engine: str | None, max_restarts: int) -> str:
     return engine
 
 
-def warm_up() -> None:
+def warm_up(imports: Sequence[str] = ()) -> None:
     """Start the warm engine's server now, in the background, so that the first launch does not
     wait for it to import torch (a notebook calls this in its first cell). Does nothing where the
-    warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun)."""
+    warm engine is not used (off Linux, or COURSE_LAUNCHER=torchrun).
+
+    `imports`: more modules for the server to import, which every rank it forks then has already
+    (e.g. ``torch.distributed.tensor``; chapter 07's first cell); they are kept in
+    ``COURSE_WARM_IMPORTS``, so that the later launches of this process find that server. (A module
+    the server cannot import stops it, and the launches then run with torchrun, with a warning that
+    says why.)"""
+    if isinstance(imports, str) or not all(isinstance(m, str) and m and "," not in m for m in imports):
+        raise ValueError(f"warm_up(imports=...) takes a list of module names, got {imports!r}")
+    if imports:
+        os.environ[WARM_IMPORTS_VAR] = ",".join(imports)
     if choose_engine(None, 0) == "warm":
         warm.warm_up(job_env({}))
 

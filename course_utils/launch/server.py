@@ -32,6 +32,10 @@ from typing import Any, NoReturn
 from . import processes
 
 IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data")
+# More modules for the server to import (comma-separated), set by ``warm_up(imports=...)``: a chapter
+# whose scripts import heavy parts of torch (DTensor, pipelining: seconds each) pays for them once, not
+# per rank (chapter 07's CHAPTER_IMPORTS).
+WARM_IMPORTS_VAR = "COURSE_WARM_IMPORTS"
 STORE_START_S = 60.0  # seconds for the store process to listen, on a loaded machine
 INTERRUPTED = -2  # a rank's status when it ended by an uncaught KeyboardInterrupt (CPython: SIGINT)
 THREAD_COUNTS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -310,7 +314,8 @@ def serve() -> None:
     kills every process of the running job and exits."""
     import importlib
 
-    for name in IMPORTS:
+    extra = [m.strip() for m in os.environ.get(WARM_IMPORTS_VAR, "").split(",") if m.strip()]
+    for name in (*IMPORTS, *extra):
         importlib.import_module(name)
     client = _Client(os.dup(1))
     null = os.open(os.devnull, os.O_WRONLY)

@@ -28,14 +28,14 @@ from ..i18n import tr
 from . import processes
 from .diagnosis import describe_exit
 from .engine import JOB_VAR, Exits, Job, StartTimeout
-from .server import THREAD_COUNTS
+from .server import THREAD_COUNTS, WARM_IMPORTS_VAR
 
 # Variables that the interpreter, torch or its libraries may read once, at start-up or import
 # (TORCH_DISTRIBUTED_DEBUG and TORCH_LOGS are read by ``import torch``; PYTHONHASHSEED by Python):
 # a forked rank keeps what its server read, so a job runs on a server started with the same values.
 IMPORT_TIME = (
     "TORCH", "PYTORCH", "PYTHON", "CUDA", "CUBLAS", "CUDNN", "NCCL", "GLOO", "OMP_", "MKL",
-    "KMP_", "OPENBLAS", "LD_", "HIP", "ROCM",
+    "KMP_", "OPENBLAS", "LD_", "HIP", "ROCM", WARM_IMPORTS_VAR,
 )
 # Thread counts: a server imports torch with one thread (more would start a pool, and a process
 # with threads cannot be forked safely); each rank then takes its own (server.thread_count).

@@ -24,6 +24,15 @@ backend exchanges its connection details through this store) and fail to connect
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 python -m torch.distributed.run --standalone \
         --nproc-per-node 2 --max-restarts 1 scripts/train.py --crash-at-epoch 2
+
+SIGUSR1 asks for a checkpoint and a clean exit (exit code 0) at the end of the current step: a
+scheduler's warning before its time limit (Slurm: ``sbatch --signal=USR1@120``, or ``scancel
+--signal=USR1 JOBID``). The ranks agree on it, so all of them stop after the same step, and the same
+command resumes in the middle of that epoch, with the weights an uninterrupted run would have. Under
+torchrun, pass ``--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``: by default the launcher
+dies of SIGUSR1; with it, it passes the signal on and waits ``--shutdown-timeout`` seconds (default 30)
+before it kills the workers (chapter 04's ``slurm_ddp.sbatch`` does both). Try it in a terminal with
+``--signal-at-step 30``, which makes rank CRASH_RANK send itself the signal.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -129,6 +139,34 @@ def prepare_out_dir(cfg: TrainConfig, ctx: DistContext, out: Path) -> dict | Non
 _held = None  # rank 0's hold on OUT_DIR (see hold_out_dir)
 
 
+class StopSignal:
+    """SIGUSR1 received: stop at the end of the current step, after a checkpoint. The handler only
+    takes note (a signal can arrive in the middle of anything); :meth:`agreed` is asked by every rank
+    at the end of every step, and all-reduces the note, so that all ranks stop after the same step even
+    when the signal reaches them at different moments, or only one of them. Costs one all-reduce of one
+    number a step (on a GPU it also waits for the step to finish). A context manager: the previous
+    handler is back afterwards."""
+
+    def __init__(self, signum: int = signal.SIGUSR1) -> None:
+        self.signum, self.noted = signum, False
+
+    def __enter__(self) -> StopSignal:
+        self.previous = signal.signal(self.signum, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(self.signum, self.previous)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.noted = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any rank has received the signal (a collective: every rank calls it)."""
+        flag = torch.tensor([1.0 if self.noted else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
+
 def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, out: Path) -> dict | None:
     """Rank 0 alone decides whether to resume (and prepares OUT_DIR), and sends every rank what it
     loaded (a few MB).
@@ -157,8 +195,9 @@ def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, out: Path) -> dict |
     return payload
 
 
-def train(cfg: TrainConfig, ctx: DistContext) -> dict:
-    """The whole pipeline on this rank; returns the run's summary (the same on every rank)."""
+def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) -> dict:
+    """The whole pipeline on this rank; returns the run's summary (the same on every rank), or where
+    it stopped when `stop` received its signal."""
     out = Path(cfg.out_dir)
     device = ctx.device
     rank0 = ctx.rank == 0
@@ -195,6 +234,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
     criterion = nn.CrossEntropyLoss()
 
     start_epoch, elapsed, train_s, train_cpu_s = 0, 0.0, 0.0, 0.0
+    done_steps, partial = 0, None  # a checkpoint of a stop in the middle of an epoch: its steps done
     seed_everything(cfg.seed + 1 + ctx.rank)  # dropout masks differ between ranks
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -203,8 +243,34 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         extra = ckpt["extra"]
         elapsed, train_s, train_cpu_s = extra["elapsed_s"], extra["train_s"], extra["train_cpu_s"]
         set_rng_state(ckpt["rng"][ctx.rank])  # agree_on_checkpoint made sure there is one per rank
-        log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restarts})")
+        done_steps = ckpt.get("step", 0)
+        if done_steps:
+            partial = ckpt["partial"][ctx.rank]  # this rank's sums and clock for the epoch so far
+            log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) and {done_steps} step(s) done "
+                     f"(restart {restarts})")
+        else:
+            log(ctx, f"resumed from last.pt: {start_epoch} epoch(s) done (restart {restarts})")
     metrics = out / "metrics.jsonl"  # (rank 0 kept the rows of the epochs done: prepare_out_dir)
+
+    def save_checkpoint(epochs_done: int, steps_done: int = 0, mine: dict | None = None) -> None:
+        """last.pt at a signal, written by rank 0 with every rank's random state and every rank's sums so
+        far in the epoch; a collective: every rank calls it (the end of an epoch saves in step 6)."""
+        rng_states: list = [None] * ctx.world_size
+        dist.all_gather_object(rng_states, {"rng": get_rng_state(), "partial": mine})
+        problem = None
+        if rank0:  # epoch: the number of completed epochs, where the resumed loop starts
+            state = {"epoch": epochs_done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "rng": [r["rng"] for r in rng_states],
+                     "config": dataclasses.asdict(cfg),
+                     "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
+            if steps_done:
+                state.update(step=steps_done, partial=[r["partial"] for r in rng_states])
+            try:
+                atomic_save(state, out / "last.pt")
+            except OSError as exc:  # the old last.pt is kept; every rank stops (agree)
+                problem = (f"could not save the checkpoint ({exc}). Free some space (or fix the folder), then "
+                           "run the same command again: it resumes from the last checkpoint")
+        agree(ctx, problem)  # no rank leaves before last.pt is whole
 
     show_bar = cfg.progress and rank0 and sys.stderr.isatty()
     if show_bar:
@@ -218,8 +284,15 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
         loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch * 1009 + ctx.rank)  # this epoch's workers
         model.train()
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of loss x n, n]
-        bar = tqdm(total=len(train_loader), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
+        skip = done_steps if epoch == start_epoch else 0
+        if skip:  # the epoch was stopped after `skip` steps: its sums and clock go on from there
+            sums += torch.tensor(partial["sums"], dtype=torch.float64, device=device)
+            t0, c0 = t0 - partial["train_s"], c0 - partial["train_cpu_s"]
+            last_batch_loss = partial["last_batch_loss"]
+        bar = tqdm(total=len(train_loader), initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
         for step, (images, labels) in enumerate(train_loader):
+            if step < skip:
+                continue  # done before the stop: the same batches come back, in the same order
             if (epoch + 1 == cfg.crash_at_epoch and ctx.rank == cfg.crash_rank and restarts == 0
                     and step == len(train_loader) // 2):
                 rprint(f"rank {ctx.rank}: dying on purpose in epoch {epoch + 1}, step {step} (fault drill)")
@@ -237,11 +310,24 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
             scheduler.step()
             sums += torch.stack([loss.detach().double() * len(labels),
                                  torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+            last_batch_loss = loss.detach()  # what the skeleton printed: one batch of one rank (.item() below)
             if bar is not None:
                 bar.update()
+            global_step = epoch * len(train_loader) + step + 1
+            if global_step == cfg.signal_at_step and ctx.rank == cfg.crash_rank and stop is not None:
+                os.kill(os.getpid(), stop.signum)  # drill: the scheduler's warning, to this rank only
+            if stop is not None and stop.agreed(device):
+                if bar is not None:
+                    bar.close()
+                mine = {"sums": sums.tolist(), "train_s": time.perf_counter() - t0,
+                        "train_cpu_s": time.process_time() - c0, "last_batch_loss": float(last_batch_loss)}
+                save_checkpoint(epoch, step + 1, mine)
+                log(ctx, f"signal {signal.Signals(stop.signum).name}: stopped after step {step + 1} of epoch "
+                         f"{epoch + 1}; last.pt saved: the same command resumes from there")
+                return {"stopped_at": (epoch, step + 1)}
         if bar is not None:
             bar.close()
-        last_batch_loss = loss.item()  # what the skeleton printed: one batch of one rank
+        last_batch_loss = float(last_batch_loss)
         t_train, c_train = time.perf_counter() - t0, time.process_time() - c0
 
         # 5. Evaluation on every rank's shard, counts all-reduced (each sample counted once).
@@ -311,15 +397,16 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)
-    ctx = setup()
-    try:
-        train(cfg, ctx)
-    except Refused:
-        return 2  # rank 0 has printed why; every rank stops
-    finally:
-        cleanup()
-        if _held is not None:  # (a process ending lets go of OUT_DIR anyway)
-            _held.release()
+    with StopSignal(signal.SIGUSR1) as stop:  # before anything else: the signal may come at any time
+        ctx = setup()
+        try:
+            train(cfg, ctx, stop)
+        except Refused:
+            return 2  # rank 0 has printed why; every rank stops
+        finally:
+            cleanup()
+            if _held is not None:  # (a process ending lets go of OUT_DIR anyway)
+                _held.release()
     return 0
 
 

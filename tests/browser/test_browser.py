@@ -245,6 +245,12 @@ WIDGETS = {
         ("50adadd5", [("checkbox", "model.train() forgotten after validation")],
          "from IPython.display import display; import matplotlib.pyplot as plt; c = ['no_zero_grad', 'no_train_after_eval']; f = pitfalls.switchboard_figure(c); display(f); plt.close(f); print(pitfalls.switchboard_summary(c))"),
     ],
+    "07_parallelism.ipynb": [
+        ("a306bad7", [("slider", "micro-batches", "4")],
+         PLT + "from course_utils.ch07_parallelism import draw_schedule, SCHEDULE_DEFAULTS as d; draw_schedule(d['stages'], 4, d['schedule']); plt.show()"),
+        ("a306bad7", [("dropdown", "schedule", "GPipe")],
+         PLT + "from course_utils.ch07_parallelism import draw_schedule, SCHEDULE_DEFAULTS as d; draw_schedule(d['stages'], 4, 'GPipe'); plt.show()"),
+    ],
 }
 
 VIEW = """(cell) => {
