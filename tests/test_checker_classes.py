@@ -162,8 +162,10 @@ def test_an_hvp_that_computes_the_whole_hessian_is_refused(answer):
 
 
 def test_ready_made_hvp_is_accepted_as_the_prompt_says():
-    assert ch01.q3.check(lambda f, x, v: torch.autograd.functional.hvp(f, x, v)[1]).correct
-    assert ch01.q3.check(torch.autograd.functional.hvp).message == ch01.q3.reasons["functional_pair"]
+    assert ch01.q3.check(lambda f, x, v: torch.autograd.functional.vhp(f, x, v)[1]).correct  # the prompt's
+    assert ch01.q3.check(lambda f, x, v: torch.autograd.functional.hvp(f, x, v)[1]).correct  # slower, also right
+    for pair in (torch.autograd.functional.vhp, torch.autograd.functional.hvp):
+        assert ch01.q3.check(pair).message == ch01.q3.reasons["functional_pair"]
 
 
 # ------------------------------------------------------------------ an answer's after-effects, judged
@@ -274,3 +276,185 @@ def greedy_scan(seconds):
 def test_greedy_rules_are_refused(rule):
     result = ch03.q5.check(rule)
     assert result.status == "incorrect", result
+
+
+# ------------------------------------------------------------------ a correct answer in another form
+
+
+class OutputDeclaredFirst(nn.Module):
+    """Q1 of chapter 02, correct, its output layer declared before the hidden ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.out, self.fc1, self.fc2 = nn.Linear(64, 10), nn.Linear(784, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1))))))
+
+
+class HiddenReversed(nn.Module):
+    """Correct, the hidden layers declared in reverse: two biases of 64 swap places in parameters()."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc2 = nn.Linear(64, 64)
+        self.fc1 = nn.Linear(784, 64)
+        self.fc3 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1))))))
+
+
+class RawParameters(nn.Module):
+    """Correct, with bare Parameters declared last layer first, the first layer through addmm (bias first)."""
+
+    def __init__(self):
+        super().__init__()
+        for name, shape in (("b3", (10,)), ("w3", (10, 64)), ("b2", (64,)), ("w2", (64, 64)),
+                            ("b1", (64,)), ("w1", (64, 784))):
+            setattr(self, name, nn.Parameter(torch.randn(shape) * 0.05))
+
+    def forward(self, x):
+        h = torch.relu(torch.addmm(self.b1, x.flatten(1), self.w1.t()))
+        h = torch.relu(h @ self.w2.T + self.b2)
+        return nn.functional.linear(h, self.w3, self.b3)
+
+
+@pytest.mark.parametrize("answer", [OutputDeclaredFirst, HiddenReversed, RawParameters])
+def test_a_model_whose_layers_are_declared_in_another_order_is_accepted(answer):
+    result = ch02.q1.check(answer)
+    assert result.correct, result
+
+
+class SmallReversed(nn.Module):
+    """Q1 of chapter 06, correct, its output layer declared first."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc2, self.fc1 = nn.Linear(32, 10), nn.Linear(784, 32)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_chapter_06s_model_is_matched_by_role_too():
+    assert ch06.q1.check(SmallReversed).correct
+
+
+class WithDropout(nn.Module):
+    """ListNet's layers registered, plus a Dropout: the same as the reference in eval mode only."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(784, 64), nn.Linear(64, 64), nn.Linear(64, 10)])
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        for layer in self.layers[:-1]:
+            x = self.drop(torch.relu(layer(x)))
+        return self.layers[-1](x)
+
+
+def test_a_model_that_adds_a_dropout_is_refused():
+    result = ch02.q1.check(WithDropout)
+    assert result.message == ch02.q1.reasons["dropout_added"], result
+
+
+def groups_of_generators(model, weight_decay):
+    """Correct: AdamW lists a generator itself (add_param_group calls list(params))."""
+    return [{"params": (p for p in model.parameters() if p.ndim >= 2), "weight_decay": weight_decay},
+            {"params": (p for p in model.parameters() if p.ndim < 2), "weight_decay": 0.0}]
+
+
+def test_parameter_groups_given_as_generators_are_accepted():
+    result = ch02.q5.check(groups_of_generators)
+    assert result.correct, result
+
+
+# ------------------------------------------------------------------ what the prompt asks, all of it
+
+
+def split_after_random_seed(dataset, val_fraction, seed):
+    import random
+
+    order = list(range(len(dataset)))
+    random.seed(seed)  # reproducible, but Python's global stream restarts from the seed
+    random.shuffle(order)
+    n_val = int(len(dataset) * val_fraction)
+    return torch.utils.data.Subset(dataset, order[n_val:]), torch.utils.data.Subset(dataset, order[:n_val])
+
+
+def split_after_numpy_seed(dataset, val_fraction, seed):
+    import numpy as np
+
+    np.random.seed(seed)
+    order = np.random.permutation(len(dataset)).tolist()
+    n_val = int(len(dataset) * val_fraction)
+    return torch.utils.data.Subset(dataset, order[n_val:]), torch.utils.data.Subset(dataset, order[:n_val])
+
+
+def split_after_torch_seed(dataset, val_fraction, seed):
+    torch.manual_seed(seed)
+    order = torch.randperm(len(dataset)).tolist()
+    n_val = int(len(dataset) * val_fraction)
+    return torch.utils.data.Subset(dataset, order[n_val:]), torch.utils.data.Subset(dataset, order[:n_val])
+
+
+@pytest.mark.parametrize("answer", [split_after_random_seed, split_after_numpy_seed, split_after_torch_seed])
+def test_a_split_that_reseeds_a_global_generator_is_refused_for_that_reason(answer):
+    result = ch03.q6.check(answer)
+    assert result.message == ch03.q6.reasons["reseeded"], result
+
+
+def split_with_its_own_python_generator(dataset, val_fraction, seed):
+    import random
+
+    order = list(range(len(dataset)))
+    random.Random(seed).shuffle(order)
+    n_val = int(len(dataset) * val_fraction)
+    return torch.utils.data.Subset(dataset, order[n_val:]), torch.utils.data.Subset(dataset, order[:n_val])
+
+
+def test_a_split_with_a_generator_of_its_own_is_accepted():
+    assert ch03.q6.check(split_with_its_own_python_generator).correct
+
+
+def collate_into_float_zeros(batch):
+    seqs = [s for s, _ in batch]
+    padded = torch.zeros(len(seqs), max(len(s) for s in seqs))  # float32: no dtype given
+    for i, s in enumerate(seqs):
+        padded[i, : len(s)] = s
+    return padded, torch.tensor([len(s) for s in seqs]), torch.tensor([y for _, y in batch])
+
+
+def collate_as_int32(batch):
+    padded, lengths, labels = ch03.collate(batch)
+    return padded.int(), lengths, labels  # int32 ids: nn.Embedding takes them
+
+
+def test_padded_token_ids_must_stay_integers_an_embedding_takes():
+    assert ch03.q2.check(collate_into_float_zeros).message == ch03.q2.reasons["float_ids"]
+    assert ch03.q2.check(collate_as_int32).correct
+    assert nn.Embedding(10, 2)(collate_as_int32([(torch.tensor([1, 2]), 0)])[0]).shape == (1, 2, 2)
+
+
+def numerical_grad_in_float32(f, x, eps=1e-6):
+    values = []
+    for i in range(x.numel()):
+        x_plus, x_minus = x.clone(), x.clone()
+        x_plus[i] += eps
+        x_minus[i] -= eps
+        values.append((f(x_plus) - f(x_minus)) / (2 * eps))
+    return torch.tensor(values)  # float32, the default dtype: the task asks for float64
+
+
+def test_a_finite_difference_gradient_in_float32_is_refused():
+    assert ch01.q4.check(numerical_grad_in_float32).message == ch01.q4.reasons["float32"]
+
+
+def test_a_walk_that_passes_none_for_unreached_slots_is_the_model_answer():
+    import inspect
+
+    assert "torch.zeros(" not in inspect.getsource(ch01.backward_walk)
+    assert ch01.q5.check(ch01.backward_walk).correct

@@ -179,6 +179,7 @@ CH00_Q1 = {
         "reversed": lambda: (torch.arange(1, 11) ** 2).flip(0),
         "a column (10, 1)": lambda: (torch.arange(1, 11) ** 2).reshape(10, 1),
         "a numpy array": lambda: np.arange(1, 11) ** 2,
+        "a bool tensor (a comparison)": lambda: torch.arange(1, 11) ** 2 > 0,
     },
 }
 
@@ -269,6 +270,7 @@ CH01_Q3 = {
             torch.dot(torch.autograd.grad(f(x), x, create_graph=True)[0], v), x
         )[0],
         "torch.autograd.functional.hvp": lambda: lambda f, x, v: torch.autograd.functional.hvp(f, x, v)[1],
+        "torch.autograd.functional.vhp": lambda: lambda f, x, v: torch.autograd.functional.vhp(f, x, v)[1],
         "backward into x.grad": lambda: _hvp_backward,
         "g @ v": lambda: lambda f, x, v: torch.autograd.grad(
             torch.autograd.grad(f(x), x, create_graph=True)[0] @ v, x
@@ -301,7 +303,7 @@ def _central(f, x, i, eps):
 
 def _num_eye(f, x, eps=1e-6):
     eye = torch.eye(x.numel(), dtype=x.dtype)
-    return torch.stack([torch.as_tensor((f(x + eps * e) - f(x - eps * e)) / (2 * eps)) for e in eye])
+    return torch.stack([torch.as_tensor((f(x + eps * e) - f(x - eps * e)) / (2 * eps), dtype=x.dtype) for e in eye])
 
 
 def _num_list(f, x, eps=1e-6):
@@ -353,6 +355,17 @@ def _num_eps(eps_used, kind="central", only_first=False):
     return numerical_grad
 
 
+def _num_into(dtype):
+    def numerical_grad(f, x, eps=1e-6):
+        g = torch.empty(x.shape, dtype=dtype)
+        for i in range(x.numel()):
+            fp, fm = _central(f, x, i, eps)
+            g[i] = (fp - fm) / (2 * eps)
+        return g
+
+    return numerical_grad
+
+
 CH01_Q4 = {
     "right": {
         "rows of the identity": lambda: _num_eye,
@@ -369,8 +382,12 @@ CH01_Q4 = {
         "eps far too large": lambda: _num_eps(1e-2),
         "only the first coordinate": lambda: _num_eps(1e-6, only_first=True),
         "sign swapped": lambda: _num_eps(1e-6, "swapped"),
+        "a float32 result (torch.tensor of a list of floats)": lambda: lambda f, x, eps=1e-6: torch.tensor(
+            [(f(x + eps * e) - f(x - eps * e)) / (2 * eps) for e in torch.eye(x.numel(), dtype=x.dtype)]),
+        "a float32 result (torch.empty(x.shape))": lambda: _num_into(torch.float32),
     },
 }
+
 
 # ------------------------------------------------------------------------------ ch02
 
@@ -416,6 +433,14 @@ CH02_Q1 = {
                                         for layer in (m.fc1, m.fc2)]),
             lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
         ),
+        "the output layer declared first": lambda: _net(
+            lambda m: [setattr(m, k, nn.Linear(a, b)) for k, a, b in (("out", 64, 10), ("h1", 784, 64), ("h2", 64, 64))],
+            lambda m, x: m.out(torch.relu(m.h2(torch.relu(m.h1(x.flatten(1)))))),
+        ),
+        "the hidden layers declared in reverse": lambda: _net(
+            lambda m: [setattr(m, k, nn.Linear(a, b)) for k, a, b in (("fc2", 64, 64), ("fc1", 784, 64), ("fc3", 64, 10))],
+            lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
+        ),
         "add_module in a loop": lambda: _net(
             lambda m: [m.add_module(f"l{i}", nn.Linear(a, b)) for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
             lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
@@ -437,6 +462,16 @@ CH02_Q1 = {
         "a hidden layer of 128": lambda: _net(
             lambda m: _three_attr(m, (784, 128, 64, 10)),
             lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
+        ),
+        "a Dropout(0.5) after each hidden layer": lambda: _net(
+            lambda m: (_three_attr(m), setattr(m, "drop", nn.Dropout(0.5))),
+            lambda m, x: m.fc3(m.drop(torch.relu(m.fc2(m.drop(torch.relu(m.fc1(x.flatten(1)))))))),
+        ),
+        "a Dropout(0.2) before the output layer, declared output first": lambda: _net(
+            lambda m: [setattr(m, k, v) for k, v in (("out", nn.Linear(64, 10)), ("drop", nn.Dropout(0.2)),
+                                                     ("body", nn.Sequential(nn.Linear(784, 64), nn.ReLU(),
+                                                                            nn.Linear(64, 64), nn.ReLU())))],
+            lambda m, x: m.out(m.drop(m.body(x.flatten(1)))),
         ),
     },
 }
@@ -675,6 +710,8 @@ CH03_Q2 = {
         "padded with -1": lambda: _collate(pad=-1),
         "lengths after padding": lambda: _collate(lengths_after=True),
         "sorted by length": lambda: _collate(sort=True),
+        "padded as float32": lambda: lambda batch: (lambda p, n, y: (p.float(), n, y))(*_collate()(batch)),
+        "padded as int16": lambda: lambda batch: (lambda p, n, y: (p.short(), n, y))(*_collate()(batch)),
     },
 }
 
@@ -1936,6 +1973,9 @@ CH02_Q5 = {
         "by module type": lambda: _groups_by_type,
         "dim() > 1": lambda: _groups(rule=lambda n, p: p.dim() > 1),
         "no-decay group first": lambda: lambda model, wd: _groups()(model, wd)[::-1],
+        "generators, not lists": lambda: lambda model, wd: [
+            {"params": (p for p in model.parameters() if p.ndim >= 2), "weight_decay": wd},
+            {"params": (p for p in model.parameters() if p.ndim < 2), "weight_decay": 0.0}],
     },
     "wrong": {
         "every name ending in 'weight' decayed": lambda: _groups(rule=lambda n, p: n.endswith("weight"), source="named"),
@@ -1986,19 +2026,34 @@ def _split(kind):
         if kind == "seed_plus_global":
             torch.manual_seed(seed)
             return torch.utils.data.random_split(dataset, [n - k, k])
+        if kind == "random_seed":
+            order = list(range(n))
+            random.seed(seed)
+            random.shuffle(order)
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "numpy_seed":
+            np.random.seed(seed)
+            order = np.random.permutation(n).tolist()
+            return Subset(dataset, order[k:]), Subset(dataset, order[:k])
+        if kind == "forked":
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return torch.utils.data.random_split(dataset, [n - k, k])
         raise AssertionError(kind)
 
     return train_val_split
 
 
 CH03_Q6 = {
-    "right": {k: (lambda k=k: _split(k)) for k in ("fractions", "randperm", "numpy", "random", "sorted")},
+    "right": {k: (lambda k=k: _split(k)) for k in ("fractions", "randperm", "numpy", "random", "sorted", "forked")},
     "wrong": {
         "numpy's global generator": lambda: _split("global_numpy"),
         "train and val overlap by one": lambda: _split("overlap"),
         "val rounded up": lambda: _split("ceil"),
         "val drawn from the same front as train": lambda: _split("first"),
         "torch.manual_seed(seed), then the global generator": lambda: _split("seed_plus_global"),
+        "random.seed(seed), then random.shuffle": lambda: _split("random_seed"),
+        "np.random.seed(seed), then np.random.permutation": lambda: _split("numpy_seed"),
     },
 }
 SIMULATION[("ch03", "q6")] = CH03_Q6

@@ -537,6 +537,16 @@ def test_in_chinese_the_model_answer_passes_and_each_mistake_still_gets_its_reas
 # ----------------------------------------------------- verdicts that tell the truth, whatever the code does
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_bool_tensor_of_squares_is_told_its_values_in_plain_words(lang, monkeypatch):
+    from course_utils.exercises import ch00
+
+    monkeypatch.setenv("COURSE_LANG", lang)
+    message = ch00.q1.check(torch.arange(1, 11) ** 2 > 0).message
+    assert message == ch00.q1.reasons["booleans"]
+    assert message.startswith(("its values are true/false", "其中的值是 true/false"))
+
+
 def test_a_notimplementederror_from_torch_is_an_error_not_a_stub():
     """Only the learner's own `raise NotImplementedError` (the stub) is "not attempted": torch raises it for
     a misspelled `forward` or `backward`, and the learner must hear about that."""

@@ -14,8 +14,9 @@ def _facts(answer, _):
     t = as_tensor(answer, "squares")
     whole = not (t.is_floating_point() or t.is_complex())
     yield tr("the shape of squares", "squares 的形状"), tuple(t.shape)
-    numbers = tr("whole", "整数") if whole else tr("fractional", "小数")
-    yield tr("its numbers", "其中的数"), {torch.bool: tr("true/false", "布尔值（true/false）")}.get(t.dtype, numbers)
+    values = tr("whole numbers", "整数") if whole else tr("fractional numbers", "小数")
+    values = tr("true/false values", "布尔值（true/false）") if t.dtype == torch.bool else values
+    yield tr("the kind of values it holds", "其中的值的种类"), values
     yield "squares", t
 
 
@@ -28,6 +29,7 @@ q1 = Exercise(
         starts_at_zero=torch.arange(10) ** 2,
         a_list=[i * i for i in range(1, 11)],
         floats=torch.arange(1.0, 11.0) ** 2,
+        booleans=(torch.arange(1, 11) ** 2).bool(),
     ),
 )
 

@@ -150,7 +150,7 @@ q3 = Exercise(
         first_derivative=_grad,
         v_missing=variant(hvp, "(g * v).sum()", "g.sum()"),
         entrywise_product=lambda f, x, v: _grad(f, x) * v,
-        functional_pair=torch.autograd.functional.hvp,
+        functional_pair=torch.autograd.functional.vhp,
         whole_hessian=lambda f, x, v: torch.autograd.functional.hessian(f, x) @ v,
     ),
 )
@@ -174,11 +174,17 @@ def _cases_q4():
     ]
 
 
+def _observe_q4(fn, case):
+    g = as_tensor(fn(case[0], case[1].clone()), "numerical_grad(f, x)")
+    yield tr("the dtype of what `numerical_grad` returns", "`numerical_grad` 返回值的 dtype"), str(g.dtype)
+    yield "result", g
+
+
 q4 = Exercise(
     "Q4",
     numerical_grad,
     cases=_cases_q4,
-    observe=lambda fn, c: as_tensor(fn(c[0], c[1].clone()), "numerical_grad(f, x)"),
+    observe=_observe_q4,
     describe=lambda c: tr(
         f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}", f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
     ),
@@ -188,6 +194,7 @@ q4 = Exercise(
         one_sided_back=variant(numerical_grad, "f(x_plus) -", "f(x) -", "(2 * eps)", "eps"),
         twice_too_large=lambda f, x, eps=1e-6: 2 * numerical_grad(f, x, eps),
         all_at_once=lambda f, x, e=1e-6: torch.full_like(x, (f(x + e) - f(x - e)) / (2 * e)),
+        float32=variant(numerical_grad, "torch.zeros_like(x)", "torch.zeros(x.shape)"),
     ),
 )
 
@@ -215,10 +222,9 @@ def backward_walk(out):
             if hasattr(node, "variable"):  # AccumulateGrad: the leaf's whole gradient
                 grads[node.variable] = buffer[0]
                 continue
-            # one gradient per output of the forward op (node._input_metadata); where none arrived, zeros
-            # (the engine passes an undefined tensor there, which the node's formula reads as zeros)
-            inputs = [buffer[i] if i in buffer else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
-                      for i, m in enumerate(node._input_metadata)]
+            # one gradient per output of the forward op (len(node._input_metadata)); where none arrived,
+            # None: an undefined gradient, what the engine passes there, which the node reads as zeros
+            inputs = [buffer.get(i) for i in range(len(node._input_metadata))]
             sent = node(*inputs)  # the node's own backward: a vector-Jacobian product
             if isinstance(sent, torch.Tensor):  # a node with one input returns a tensor, not a tuple
                 sent = (sent,)
@@ -402,8 +408,7 @@ q5 = Exercise(
     mistakes=dict(  # in the order they are tried: the first that behaves like the answer gives its reason
         called_backward=_mistake_backward,
         autograd_grad=lambda out: dict(zip(*_autograd_grads(out), strict=True)),
-        one_slot=variant(backward_walk, "buffer[i] if i in buffer else torch.zeros(m.shape, dtype=m.dtype, device=m.device)",
-                         "buffer[0]", "for i, m in enumerate(node._input_metadata)]", "]"),
+        one_slot=variant(backward_walk, "[buffer.get(i) for i in range(len(node._input_metadata))]", "[buffer[0]]"),
         visited=_visited,
         overwrites_last=variant(backward_walk, "slot[input_nr] + grad  #", "grad  #"),
         keeps_first=variant(backward_walk, "slot[input_nr] + grad  #", "slot[input_nr]  #"),

@@ -2,6 +2,7 @@
 sharing and the optimizer's structure)."""
 
 import warnings
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -45,6 +46,8 @@ class _HalfFixed(ListNet):
         self.layers = [self.first, nn.Linear(64, 64), nn.Linear(64, 10)]
 
 
+_DROPOUT = "x = torch.nn.functional.dropout(torch.relu(layer(x)), 0.5, self.training)"
+
 q1 = Exercise(
     "Q1",
     FixedNet,
@@ -58,6 +61,7 @@ q1 = Exercise(
         layer_in_forward=variant(
             FixedNet, ", nn.Linear(64, 10)", "", "[:-1]", "", "self.layers[-1]", "nn.Linear(64, 10)"
         ),
+        dropout_added=variant(FixedNet, "x = torch.relu(layer(x))", _DROPOUT),
     ),
 )
 
@@ -314,7 +318,7 @@ def _groups_facts(fn, case):
         names.setdefault(id(p), name)
     groups = fn(model, wd)
     groups = take(groups, 20) if not isinstance(groups, dict) else [groups]
-    listed, decay = [], {}
+    listed, decay, given = [], {}, []
     for g in groups:
         if not isinstance(g, dict) or "params" not in g:
             raise Incorrect(tr(
@@ -322,7 +326,10 @@ def _groups_facts(fn, case):
                 spaced("请返回一个由 dict 组成的列表，每个 dict 有一个 'params' 列表和它的 'weight_decay'，而不是装着",
                        kind(g), "的列表。"),
             ))
-        params = take(g["params"], 100)
+        params = [g["params"]] if isinstance(g["params"], torch.Tensor) else take(g["params"], 100)
+        if isinstance(g["params"], Iterator):  # a generator is used up by take(): AdamW gets what it gave
+            g = {**g, "params": params}
+        given.append(g)
         listed += params
         for p in params:
             decay[names.get(id(p), tr("(not a parameter of the model)", "（不是模型的参数）"))] = g.get("weight_decay")
@@ -333,7 +340,7 @@ def _groups_facts(fn, case):
     yield tr("the weight decay of each parameter", "每个参数的权重衰减"), sorted(decay.items())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a duplicate within a group warns: judged by the first fact
-        opt = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.0)  # groups without a value get 0.0 here
+        opt = torch.optim.AdamW(given, lr=1e-3, weight_decay=0.0)  # groups without a value get 0.0 here
     yield tr("the weight decay AdamW applies to each parameter", "AdamW 对每个参数使用的权重衰减"), sorted(
         (names[id(p)], g["weight_decay"]) for g in opt.param_groups for p in g["params"])
 

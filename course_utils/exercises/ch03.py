@@ -100,6 +100,15 @@ def collate(batch):
     return padded, lengths, labels
 
 
+def _zeros_then_filled(batch):
+    """Pads into torch.zeros(...), which is float32 when no dtype is given."""
+    seqs = [s for s, _ in batch]
+    padded = torch.zeros(len(seqs), max(len(s) for s in seqs))
+    for i, s in enumerate(seqs):
+        padded[i, : len(s)] = s
+    return padded, torch.tensor([len(s) for s in seqs]), torch.tensor([y for _, y in batch])
+
+
 def _batches():
     def b(*items):
         return [(torch.tensor(s), y) for s, y in items]
@@ -119,7 +128,13 @@ def _collate_facts(fn, batch):
                            spaced("`collate(batch)` 应该返回 `(padded, lengths, labels)`，而不是", it, "。")))
     yield tr("the number of things returned", "返回值的个数"), len(out)
     padded, lengths, labels = out
-    yield "padded", as_tensor(padded, "`padded`")
+    padded = as_tensor(padded, "`padded`")
+    yield "padded", padded
+    if padded.dtype in (torch.int64, torch.int32):  # the index dtypes nn.Embedding accepts
+        dtype = tr("int64 or int32 (token ids an nn.Embedding accepts)", "int64 或 int32（nn.Embedding 接受的词元 id）")
+    else:
+        dtype = tr("floating point", "浮点") if padded.is_floating_point() else str(padded.dtype)
+    yield tr("the dtype of padded", "padded 的 dtype"), dtype
     yield "lengths", as_ints(as_tensor(lengths, "`lengths`"), "`lengths`")
     yield "labels", as_ints(as_tensor(labels, "`labels`"), "`labels`")
 
@@ -132,6 +147,7 @@ q2 = Exercise(
     describe=lambda b: tr(f"for the batch {[(s.tolist(), y) for s, y in b]}", f"对于批次 {[(s.tolist(), y) for s, y in b]}"),
     mistakes=dict(
         no_lengths=lambda batch: collate(batch)[::2],
+        float_ids=_zeros_then_filled,
         truncated=variant(
             collate,
             "torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)",
@@ -314,7 +330,7 @@ q5 = Exercise(
 
 def train_val_split(dataset, val_fraction, seed):
     n_val = int(len(dataset) * val_fraction)
-    g = torch.Generator().manual_seed(seed)  # its own generator: the global random stream is left alone
+    g = torch.Generator().manual_seed(seed)  # its own generator: the global random streams are left alone
     return torch.utils.data.random_split(dataset, [len(dataset) - n_val, n_val], generator=g)
 
 
@@ -338,22 +354,61 @@ def _items(part: Any, what: str) -> list[int]:
     return [as_number(part[i], tr(f"an item of {what}", f"{what} 中的一项"), whole=True) for i in range(min(n, 1000))]
 
 
+_GLOBAL = (  # the global generators a split could draw from or reseed: (name, get state, set state, seed)
+    ("torch", torch.get_rng_state, torch.set_rng_state, torch.manual_seed),
+    ("random", random.getstate, random.setstate, random.seed),
+    ("numpy", np.random.get_state, np.random.set_state, np.random.seed),
+)
+
+
+def _global_states() -> list:
+    return [get() for _, get, _, _ in _GLOBAL]
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, tuple) and a and isinstance(a[0], str):  # numpy's ('MT19937', keys, pos, ...)
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _streams(before: list[list], after: list[list]) -> str:
+    """What the calls did to the global generators, from their states before and after two calls made
+    from two different states: left alone, reseeded (the state after does not depend on the state
+    before), or drawn from."""
+    left = all(_same_state(b, a) for bs, as_ in zip(before, after, strict=True) for b, a in zip(bs, as_, strict=True))
+    if left:
+        return tr("left as they were", "保持原样")
+    for k in range(len(_GLOBAL)):
+        moved = not all(_same_state(before[i][k], after[i][k]) for i in range(len(before)))
+        if moved and _same_state(after[0][k], after[1][k]):
+            return tr("reseeded", "被重新设了种子")
+    return tr("drawn from", "被抽取了随机数")
+
+
 def _split_facts(fn, case):
     n, fraction = case
-    state = torch.get_rng_state()
-    out = fn(Numbered(n), fraction, 7)
-    rng_left = torch.equal(state, torch.get_rng_state())
-    parts = take(out, 3)
-    if len(parts) != 2:
-        raise Incorrect(tr(f"train_val_split should return two datasets (train, val), not {kind(out)}.",
-                           spaced("train_val_split 应该返回两个数据集 (train, val)，而不是", kind(out), "。")))
-    train, val = _items(parts[0], "train"), _items(parts[1], "val")
+    before, after, vals = [], [], []
+    for start in (0, 1):  # the second call from other global states: a reseed makes them equal again
+        for _, _, _, seed in _GLOBAL:
+            seed(start)
+        before.append(_global_states())
+        out = fn(Numbered(n), fraction, 7)
+        after.append(_global_states())
+        parts = take(out, 3)
+        if len(parts) != 2:
+            raise Incorrect(tr(f"train_val_split should return two datasets (train, val), not {kind(out)}.",
+                               spaced("train_val_split 应该返回两个数据集 (train, val)，而不是", kind(out), "。")))
+        if start == 0:
+            train, val = _items(parts[0], "train"), _items(parts[1], "val")
+        else:
+            vals.append(_items(parts[1], "val"))
     yield tr("the sizes (train, val)", "(train, val) 的大小"), (len(train), len(val))
     yield tr("every item once, in train or in val", "每一项恰好出现一次，不在 train 就在 val"), sorted(train + val) == list(range(n))
-    yield tr("the global random stream left as it was", "全局随机数流保持原样"), rng_left
+    yield tr("the global random streams (torch, random, numpy)", "全局随机数流（torch、random、numpy）"), _streams(before, after)
     yield tr("val is simply the last items", "val 只是最后那几项"), val == list(range(n - len(val), n))
-    again = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 7), 3)[1:2]]
-    yield tr("the same seed gives the same split", "同一个种子得到同样的划分"), again == [val]
+    yield tr("the same seed gives the same split", "同一个种子得到同样的划分"), vals == [val]
     other = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 8), 3)[1:2]]
     yield tr("another seed gives another split", "换一个种子得到不同的划分"), other != [val]
 
@@ -371,6 +426,8 @@ q6 = Exercise(
             torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction))),
             torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction), len(dataset)))),
         seed_ignored=variant(train_val_split, "manual_seed(seed)", "manual_seed(0)"),
+        reseeded=variant(train_val_split, "g = torch.Generator().manual_seed(seed)  # its own generator: the global",
+                         "torch.manual_seed(seed)  # the global generator, reseeded: the global", ", generator=g)", ")"),
         rounded=variant(train_val_split, "int(len(dataset) * val_fraction)", "round(len(dataset) * val_fraction)"),
         swapped=lambda dataset, val_fraction, seed: train_val_split(dataset, val_fraction, seed)[::-1],
     ),

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed import ReduceOp
+from torch.overrides import TorchFunctionMode
 
 from ..i18n import tr
 from .core import Incorrect, LearnerThread, as_number, as_tensor
@@ -77,9 +78,48 @@ def numbers_on_ranks(fn: Callable[..., Any], shards: Sequence[tuple], args: Call
     return {tr("what the ranks return", "各个 rank 的返回值"): returned}
 
 
+class _FirstUse(TorchFunctionMode):
+    """Notes the order in which the code run inside it first hands each of `params` to a torch function."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.pending, self.order = {id(p) for p in params}, []
+
+    def _note(self, value: Any) -> None:
+        if isinstance(value, list | tuple):
+            for item in value:
+                self._note(item)
+        elif isinstance(value, dict):
+            self._note(list(value.values()))
+        elif id(value) in self.pending:
+            self.pending.discard(id(value))
+            self.order.append(id(value))
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self._note(args)
+        self._note(kwargs or {})
+        return func(*args, **(kwargs or {}))
+
+
+def _by_role(model: nn.Module, x: torch.Tensor) -> list[nn.Parameter]:
+    """`model`'s parameters in an order that does not depend on how they were declared: by shape, and
+    among equal shapes (two biases of 64) by when `model(x)` first uses each, in eval mode. Two models
+    with the same layers used in the same way list their parameters in the same order."""
+    params = list(model.parameters())
+    was_training = model.training
+    model.eval()
+    with _FirstUse(params) as seen, torch.no_grad():
+        model(x.clone())
+    model.train(was_training)
+    first = {pid: i for i, pid in enumerate(seen.order)}
+    return sorted(params, key=lambda p: (tuple(p.shape), first.get(id(p), len(first))))
+
+
 def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[str, Any]]:
     """What a learner's model class does, next to `reference`: its parameters, its outputs on `x` with the
-    reference's weights copied in (so another valid implementation passes), training, and ``.to()``."""
+    reference's weights copied in, each to the parameter of the same role (so another valid implementation,
+    its layers declared in any order, passes), in eval mode and, random numbers seeded, in training mode
+    (a Dropout added shows there), training, and ``.to()``."""
     with torch.random.fork_rng(devices=[]):  # the reference's own generator: however the learner's model
         torch.manual_seed(0)  # initialises itself (kaiming_uniform_ draws more numbers), its weights are these
         ref = reference()
@@ -90,14 +130,19 @@ def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[
                            f"调用你的类应该得到一个 nn.Module，但得到的是 {name}。"))
     params = list(model.parameters())
     yield tr("the number of parameters that parameters() finds", "parameters() 找到的参数个数"), sum(p.numel() for p in params)
-    yield tr("the parameter shapes, in order", "各个参数的形状（按顺序）"), [tuple(p.shape) for p in params]
+    yield tr("the parameter shapes (sorted)", "各个参数的形状（排序后）"), sorted(tuple(p.shape) for p in params)
     with torch.no_grad():
-        for p, r in zip(params, ref.parameters(), strict=True):
+        for p, r in zip(_by_role(model, x), _by_role(ref, x), strict=True):
             p.copy_(r)
         model.eval()
         out = as_tensor(model(x.clone()), tr("the output", "输出"))
         yield tr("the model's output (with the reference's weights)", "模型的输出（使用参考答案的权重）"), out
-    model.train()
+        model.train()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            out = as_tensor(model(x.clone()), tr("the output", "输出"))
+        yield tr("the model's output in training mode (with the reference's weights, random numbers seeded)",
+                 "训练模式下模型的输出（使用参考答案的权重，随机数已设种子）"), out
     before = [p.detach().clone() for p in params]
     torch.nn.functional.cross_entropy(model(x.clone()), torch.arange(len(x)) % 10).backward()
     torch.optim.SGD(params, lr=0.1).step()
