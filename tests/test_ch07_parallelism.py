@@ -280,11 +280,23 @@ def test_overlap_on_3_ranks_sends_the_ring_models_bytes(tmp_path):
 
 
 @pytest.mark.slow
+def test_bytes_only_on_3_ranks_tells_a_ring_from_a_direct_exchange(tmp_path):
+    _run("comm_overlap.py", 3, tmp_path, "--bytes-only")
+    assert not list(tmp_path.glob("overlap_rank*.json"))  # nothing else ran
+    for rec in ch07.load_records(tmp_path, "overlap_bytes"):
+        assert "sweep" not in rec and rec["world"] == 3
+        allreduce = rec["bytes"]["all_reduce 3 MiB"]["measured"] / (3 << 20)
+        assert abs(allreduce - 4 / 3) < 0.01  # a ring; a direct exchange to each other rank would send 2
+
+
+@pytest.mark.slow
 def test_one_slow_rank_slows_every_rank_and_is_found(tmp_path):
     _run("stragglers.py", 2, tmp_path, "--delay", "0.1")
     records = ch07.load_records(tmp_path, "stragglers")
     slowed = [rec["slowed"] for rec in records]
     assert all(m["step"] >= 0.08 for m in slowed)  # every rank pays the 0.1 s of rank 1
+    steps = [m["step"] for m in slowed]
+    assert max(steps) - min(steps) <= 0.25 * max(steps)  # every rank runs at the slow rank's pace
     assert slowed[1]["compute"] - slowed[0]["compute"] >= 0.05 and slowed[0]["allreduce"] >= 0.05
     found = records[0]["found"]
     assert found["timings"] == found["flight_recorder"] == 1 and "Ranks 1 failed" in found["monitored_barrier"]
@@ -303,7 +315,7 @@ def test_fsdp2_facts_and_a_checkpoint_of_2_ranks_loaded_on_3_and_on_1(tmp_path):
     counts = {k: v["counts"] for k, v in rec["resharding"].items()}
     assert counts["reshard_after_forward=True"]["all_gather"] == 9 and counts["reshard_after_forward=False"]["all_gather"] == 5
     assert rec["resharding"]["True + forward prefetch"]["issued_before_block"] == [3, 4, 5, 5]
-    assert rec["meta"]["meta_bytes"] == 0 and rec["meta"]["repeated_rows"] and rec["meta"]["after_load"] == 0
+    assert rec["meta"]["all_meta"] and rec["meta"]["repeated_rows"] and rec["meta"]["after_load"] == 0
     accumulation = rec["accumulation"]["set_requires_gradient_sync(False)"]
     assert accumulation["counts"]["reduce_scatter"] == 5 and accumulation["diff"] < 1e-12
     assert rec["checkpointing"]["checkpoint"]["extra_bytes"] == 0 and rec["checkpointing"]["grad_diff"] == 0

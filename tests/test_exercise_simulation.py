@@ -1433,9 +1433,17 @@ CH07_Q1 = {
         "every layer row-wise": lambda: _tp(q="row", k="row", v="row", o="row"),
         "q, k, v gathered after their split": lambda: _tp(q="col_replicated_out", k="col_replicated_out",
                                                           v="col_replicated_out", o="row"),
+        "o column-wise behind an all-gather": lambda: {**_tp(q="col", k="col", v="col"), "o": _o_gathered()},
         "layer names of the whole block": lambda: {f"attn.{k}": v for k, v in _tp(q="col", k="col", v="col", o="row").items()},
     },
 }
+
+
+def _o_gathered():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate())
 
 
 def _bubble(expr):
@@ -1493,6 +1501,8 @@ def _q3_plan(kind):
         return [model[0], model[1][:3] + [model[1][3][:3] + [model[0][0][0]]]]
     if kind == "one rank with 3 steps":
         return [model[0], model[1][:3]]
+    if kind == "2 steps of 8 samples":
+        return [[rank[0] + rank[1], rank[2] + rank[3]] for rank in model]
     raise AssertionError(kind)
 
 
@@ -1501,7 +1511,7 @@ CH07_Q3 = {
                                                       "longest with shortest")},
     "wrong": {k: (lambda k=k: _q3_plan(k)) for k in ("the data set's order", "another random split",
                                                       "neighbours, the longer half to rank 0", "one sample twice, another never",
-                                                      "one rank with 3 steps")},
+                                                      "one rank with 3 steps", "2 steps of 8 samples")},
 }
 
 

@@ -68,11 +68,21 @@ def _styles(**kinds):
     return {name: made[kind]() for name, kind in kinds.items()}
 
 
+def _o_gathered():
+    """o column-wise behind an all-gather of its input, its output gathered again: correct numbers, but
+    two all-gathers in forward where Megatron's row-wise o needs one all-reduce."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate())
+
+
 def _q1_mistakes() -> dict:
     return dict(
         all_colwise=_styles(q="Colwise", k="Colwise", v="Colwise", o="Colwise"),
         swapped=_styles(q="Rowwise", k="Rowwise", v="Rowwise", o="Colwise"),
         o_not_split=_styles(q="Colwise", k="Colwise", v="Colwise"),
+        o_all_gathered={**_styles(q="Colwise", k="Colwise", v="Colwise"), "o": _o_gathered()},
         nothing_split={},
     )
 
@@ -130,7 +140,7 @@ q2 = Exercise(
 # ----------------------------------------------------------------------------- Q3: balanced batches
 
 
-Q3_WORLD, Q3_BATCH = 2, 4
+Q3_WORLD, Q3_STEPS, Q3_BATCH = 2, 4, 4
 
 
 def answer_q3():
@@ -155,6 +165,11 @@ def _as_plan(answer) -> list:
     for r, rank in enumerate(ranks):
         batches = take(rank, len(Q3_LENGTHS) + 1)
         plan.append([as_ints(b, tr(f"a batch of rank {r}", f"rank {r} 的一个批次")) for b in batches])
+        shape = [len(b) for b in plan[-1]]
+        if shape != [Q3_BATCH] * Q3_STEPS:
+            raise Incorrect(tr(f"rank {r} should read {Q3_STEPS} batches of {Q3_BATCH} samples each; its batches "
+                               f"have {shape} samples.",
+                               f"rank {r} 应当读取 {Q3_STEPS} 个批次，每批 {Q3_BATCH} 个样本；它的批次分别有 {shape} 个样本。"))
     if any(not 0 <= i < len(Q3_LENGTHS) for rank in plan for b in rank for i in b):
         raise Incorrect(tr(f"every index must be a sample of Q3_LENGTHS: 0 to {len(Q3_LENGTHS) - 1}.",
                            f"每个索引都必须是 Q3_LENGTHS 中的样本：0 到 {len(Q3_LENGTHS) - 1}。"))

@@ -5,6 +5,7 @@ and the ring model of an all-reduce held against the bytes each rank really sent
 Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/comm_overlap.py --out /tmp/overlap
+    python -m torch.distributed.run --standalone --nproc-per-node 3 scripts/comm_overlap.py --bytes-only
     # --out: a folder for each rank's JSON record (optional)
     # or, in a notebook: course_utils.launch.torchrun("scripts/comm_overlap.py", nproc=2)
 
@@ -13,7 +14,14 @@ backward still computes) is real, and so are the bytes (Linux counts what each p
 sockets). The speed is not a network's: the "link" is the kernel copying memory, and gloo's thread
 that copies runs on the same CPU cores as the ranks' compute, so the time overlap saves here is small
 or none. On GPUs nccl moves the data with its own kernels over NVLink or the network while the
-compute kernels run, and overlap hides most of it.
+compute kernels run.
+
+The timings mean something on gloo only. With nccl the totals (backward, the sequential baseline) are
+taken after ``torch.cuda.synchronize``, but a bucket's interval is when the CPU handed it to nccl and
+when its future's callback ran on the CPU, not when the GPU ran the all-reduce (for that, a profiler
+trace with ``ProfilerActivity.CUDA``); the script says so when it runs on nccl. The bytes are measured
+on gloo only. On 2 ranks a ring sends each rank's whole tensor once (2(N - 1)/N = 1), as a direct
+exchange would: ``--bytes-only`` on 3 or more ranks tells them apart (a ring 4/3, a direct exchange 2).
 """
 
 from __future__ import annotations
@@ -71,6 +79,12 @@ def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def sync(dev) -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that a clock read after it means something."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def step_times(model: DDP, x: torch.Tensor, dev, steps: int) -> dict:
     """Median over `steps` of: the backward's wall time, when its last gradient was computed, and the
     buckets' launch and completion times (seconds from the start of backward)."""
@@ -80,13 +94,17 @@ def step_times(model: DDP, x: torch.Tensor, dev, steps: int) -> dict:
     marks: dict[str, float] = {}
     first_layer.register_post_accumulate_grad_hook(lambda p: marks.__setitem__("grads", time.perf_counter()))
     rows = []
-    for _ in range(steps + 1):  # 1 warm-up step: DDP rebuilds its buckets in the second forward
+    # 1 warm-up step: DDP's first backward puts every gradient in ONE bucket (it does not know the order
+    # backward produces them yet) and rebuilds its buckets in that order at the second forward.
+    for _ in range(steps + 1):
         model.zero_grad(set_to_none=True)
         loss = model(x).pow(2).mean()
+        sync(dev)
         dist.barrier()
         state["buckets"] = []
         state["t0"] = t0 = time.perf_counter()
         loss.backward()
+        sync(dev)
         t_end = time.perf_counter() - t0
         t_grads = marks["grads"] - t0
         buckets = state["buckets"]
@@ -133,11 +151,37 @@ def bytes_of(fn) -> int | None:
     return None if before is None or after is None else after - before
 
 
+def ring_bytes(dev, x: torch.Tensor, n: int, grad_bytes: int) -> dict:
+    """(gloo) The bytes this rank sent in a DDP backward and in three collectives of 3 MiB, each with the
+    ring algorithm's bytes per rank; printed, and returned as {name: {"measured", "ring"}}."""
+    model = DDP(make(dev), bucket_cap_mb=1)
+    for _ in range(2):
+        model(x).pow(2).mean().backward()
+    loss = model(x).pow(2).mean()
+    sent = bytes_of(loss.backward)
+    t = torch.ones(3 << 18, device=dev)  # 3 MiB: divides evenly over 1, 2, 3 or 4 ranks
+    nb = t.numel() * t.element_size()
+    gathered, scattered = torch.empty(n * t.numel(), device=dev), torch.empty(t.numel() // n, device=dev)
+    measured = {  # (bytes sent, the ring algorithm's bytes per rank)
+        "DDP backward": (sent, ring_allreduce_bytes(grad_bytes, n)),
+        "all_reduce 3 MiB": (bytes_of(lambda: dist.all_reduce(t)), ring_allreduce_bytes(nb, n)),
+        "all_gather 3 MiB": (bytes_of(lambda: dist.all_gather_single(gathered, t)), (n - 1) * nb),
+        "reduce_scatter 3 MiB": (bytes_of(lambda: dist.reduce_scatter_single(scattered, t)), (n - 1) / n * nb),
+    }
+    for k, (m, ring) in measured.items():
+        ratio = f"{m / ring:.3f}" if m is not None and ring else "-"
+        rprint(f"bytes sent by this rank, {k:<20}: measured {m if m is not None else 'n/a':>10}, "
+               f"ring model {ring:>12,.0f}, ratio {ratio}")
+    return {k: {"measured": m, "ring": ring} for k, (m, ring) in measured.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--buckets-mb", default="1,4,25", help="bucket_cap_mb values to sweep, comma-separated")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setting (after 2 warm-up steps)")
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
+    parser.add_argument("--bytes-only", action="store_true",
+                        help="measure only the bytes sent against the ring model (gloo), record 'overlap_bytes'")
     args = parser.parse_args()
     try:
         caps = [float(c) for c in args.buckets_mb.split(",")]
@@ -152,6 +196,17 @@ def main() -> None:
     x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(r)).to(dev)
     grad_bytes = sum(p.numel() * p.element_size() for p in make(dev).parameters())
     record = {"rank": r, "world": n, "backend": ctx.backend, "grad_bytes": grad_bytes}
+    if args.bytes_only:
+        if gloo:
+            record["bytes"] = ring_bytes(dev, x, n, grad_bytes)
+        else:
+            rprint("bytes: not measured with nccl (it does not send through this process's sockets)")
+        write_record(args.out, "overlap_bytes", r, record)
+        cleanup()
+        return
+    if not gloo:
+        rprint("nccl: the bucket intervals below are CPU-side (launch, then the future's callback), not the GPU's "
+               "all-reduces; only the synchronised totals are GPU time")
 
     # 1. The profiler's view of one step with 1 MiB buckets.
     model = DDP(make(dev), bucket_cap_mb=1)
@@ -177,13 +232,16 @@ def main() -> None:
     for _ in range(args.steps + 1):
         model.zero_grad(set_to_none=True)
         loss = model(x).pow(2).mean()
+        sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
         with model.no_sync():
             loss.backward()
+        sync(dev)
         t1 = time.perf_counter()
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         dist.all_reduce(flat)
+        sync(dev)
         times.append((t1 - t0, time.perf_counter() - t1))
     compute, comm = (statistics.median(t[i] for t in times[1:]) for i in (0, 1))
     record["sequential"] = {"compute": compute, "comm": comm}
@@ -192,25 +250,7 @@ def main() -> None:
 
     # 3. The ring model against the bytes sent.
     if gloo:
-        model = DDP(make(dev), bucket_cap_mb=1)
-        for _ in range(2):
-            model(x).pow(2).mean().backward()
-        loss = model(x).pow(2).mean()
-        sent = bytes_of(loss.backward)
-        t = torch.ones(3 << 18, device=dev)  # 3 MiB: divides evenly over 1, 2, 3 or 4 ranks
-        nb = t.numel() * t.element_size()
-        gathered, scattered = torch.empty(n * t.numel(), device=dev), torch.empty(t.numel() // n, device=dev)
-        measured = {  # (bytes sent, the ring algorithm's bytes per rank)
-            "DDP backward": (sent, ring_allreduce_bytes(grad_bytes, n)),
-            "all_reduce 3 MiB": (bytes_of(lambda: dist.all_reduce(t)), ring_allreduce_bytes(nb, n)),
-            "all_gather 3 MiB": (bytes_of(lambda: dist.all_gather_single(gathered, t)), (n - 1) * nb),
-            "reduce_scatter 3 MiB": (bytes_of(lambda: dist.reduce_scatter_single(scattered, t)), (n - 1) / n * nb),
-        }
-        record["bytes"] = {k: {"measured": m, "ring": ring} for k, (m, ring) in measured.items()}
-        for k, (m, ring) in measured.items():
-            ratio = f"{m / ring:.3f}" if m is not None and ring else "-"
-            rprint(f"bytes sent by this rank, {k:<20}: measured {m if m is not None else 'n/a':>10}, "
-                   f"ring model {ring:>12,.0f}, ratio {ratio}")
+        record["bytes"] = ring_bytes(dev, x, n, grad_bytes)
     else:
         rprint("bytes: not measured with nccl (it does not send through this process's sockets)")
     write_record(args.out, "overlap", r, record)

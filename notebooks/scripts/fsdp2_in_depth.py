@@ -159,7 +159,8 @@ def meta_init(mesh, dev, r, n) -> dict:
     weights of rank 0 broadcast into the shards."""
     with torch.device("meta"):
         model = Stack(BLOCKS, DIM, HEADS, HIDDEN, OUT).to(torch.float64)
-    meta_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
+    # A meta tensor has a shape and a dtype but no storage: there is nothing to measure, only to check.
+    all_meta = all(p.is_meta for p in model.parameters())
     shard(model, mesh)
     model.to_empty(device=dev)
     local = sum(p.to_local().numel() for p in model.parameters())
@@ -180,18 +181,20 @@ def meta_init(mesh, dev, r, n) -> dict:
     full = reference.state_dict() if r == 0 else {}
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     after_load = max(max_diff(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
-    rprint(f"  bytes allocated on the meta device: {meta_bytes}; after to_empty this rank holds {local:,} of "
-           f"{total:,} values")
+    rprint(f"  every parameter a meta tensor (shape, no storage): {all_meta}; after to_empty this rank holds "
+           f"{local:,} of {total:,} values")
     rprint(f"  reset_parameters on the shards: max |diff| from one process's initialisation {after_reset:.2f}"
            f"{'; the head weight repeats itself every ' + str(rows) + ' rows' if repeated else ''}")
     rprint(f"  full weights broadcast from rank 0: max |diff| {after_load:.1e} (< {TOL64:.0e}: {after_load < TOL64})")
-    return {"meta_bytes": meta_bytes, "local": local, "total": total, "after_reset": after_reset,
+    return {"all_meta": all_meta, "local": local, "total": total, "after_reset": after_reset,
             "repeated_rows": repeated, "after_load": after_load}
 
 
 def accumulation(mesh, dev, r, n, k: int = 4) -> dict:
     """k micro-batches per optimizer step: with ``set_requires_gradient_sync(False)`` on the first k-1 the
     gradients accumulate unreduced on each rank, and the last backward reduce-scatters their sum once.
+    The price is memory: until then each rank keeps every unit's UNSHARDED gradient (whole tensors, not
+    1/N of them), as FSDP2's ``accumulate_unsharded_grad_if_needed`` does.
     One SGD step, against one process on the whole batch."""
     (X, Y), (x, y) = data(r, n, dev, batch=8 * k)
     reference = make(torch.float64, dev)

@@ -182,6 +182,9 @@ def main() -> None:
     computes = gather(slowed["compute"], n)
     found_timings = max(range(n), key=computes.__getitem__)
     # (b) monitored_barrier: rank 0 waits for each rank in turn and names those that do not arrive in time.
+    #     It finds a rank that is stuck or desynchronised (never reaches the barrier), not a slow one: a rank
+    #     that arrives late but within the timeout passes. So the scene is staged: the slow rank sleeps well
+    #     past a short timeout, as a hung rank would.
     named = None
     if monitor is not None:
         if r == slow:
@@ -194,7 +197,9 @@ def main() -> None:
                 named = str(exc).splitlines()[0]
         dist.barrier()  # (on the default group: the monitor's is closed after a timeout)
     # (c) The flight recorder: for each collective that some rank waited for (the ranks called it more
-    #     than half the delay apart), which rank called it last.
+    #     than half the delay apart), which rank called it last. The times are each host's clock: comparing
+    #     them across ranks is sound on one machine, across nodes only with synchronised clocks. In a hang,
+    #     the sequence ids suffice: the rank whose last collective_seq_id is behind the others' is stuck.
     records = gather(flight_record(ctx.backend), n)
     last: dict[int, int] = {}
     seqs = set.intersection(*[{s for s, _, _ in rec} for rec in records]) if n > 1 else set()
