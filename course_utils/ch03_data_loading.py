@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from .data import image_paths, load_image
 from .device import busy_warning, one_main_thread
 from .figures import COLORS, describe_figure, pyplot, show_figure
-from .i18n import tr
+from .i18n import language, pad, text_width, tr
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -380,13 +380,15 @@ def measure_throughput(
 def format_runs(runs: Sequence[LoaderRun]) -> str:
     """A table: workers, start-up, median epoch, images/s, speed-up over 0 workers, spread, once."""
     zero = [r.items_per_s for r in runs if r.num_workers == 0]
-    head = "workers 1st batch s median epoch s  images/s  x vs 0  spread  once"
-    lines = [head, "-" * len(head)]
+    zh = ("worker", "首批秒数", "epoch 中位秒数", "图像/秒", "相对 0", "波动", "各一次")
+    head = tr("workers 1st batch s median epoch s  images/s  x vs 0  spread  once",
+              " ".join(pad(h, w, right=True) for h, w in zip(zh, (7, 11, 14, 9, 7, 7, 6), strict=True)))
+    lines, width = [head, "-" * text_width(head)], 6 if language() == "zh-CN" else 5
     for r in runs:
         speed = f"{r.items_per_s / zero[0]:7.2f}" if zero else f"{'-':>7}"
-        once = "yes" if r.each_item_once else "NO"
+        once = tr("yes", "是") if r.each_item_once else tr("NO", "否")
         lines.append(f"{r.num_workers:>7} {r.first_batch_s:11.3f} {r.median_s:14.3f} "
-                     f"{r.items_per_s:9.1f} {speed} {r.spread:7.0%} {once:>5}")
+                     f"{r.items_per_s:9.1f} {speed} {r.spread:7.0%} {pad(once, width, right=True)}")
     return "\n".join(lines)
 
 

@@ -269,14 +269,19 @@ def load_checkpoint(
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
         # Not PyTorch's message: for a file that is not a checkpoint it suggests weights_only=False.
-        raise CheckpointError(
+        raise CheckpointError(tr(
             f"the checkpoint {path.name} cannot be read ({type(exc).__name__}) in {path.parent}: "
             "it is truncated (a run that crashed while saving without atomic_save) or not a "
             "checkpoint at all. Move it away (or delete it) to start again from scratch, or start "
             "a fresh run with --no-resume (the earlier run's files are kept in previous-N/) or another "
             "--out-dir. Do not load it with "
-            "weights_only=False: a file that is not what you expect can run code when unpickled."
-        ) from None
+            "weights_only=False: a file that is not what you expect can run code when unpickled.",
+            f"检查点 {path.name} 无法读取（{type(exc).__name__}），位于 {path.parent}："
+            "它被截断了（某次运行在保存时崩溃，而保存没有用 atomic_save），或者根本不是检查点。"
+            "把它移走（或删除）即可从头开始；也可以用 --no-resume 开始一次新的运行（之前运行的文件保留在 "
+            "previous-N/ 中），或者换一个 --out-dir。不要用 weights_only=False 加载它："
+            "一个不是你所预期的文件，在反序列化（unpickle）时可能会运行代码。"
+        )) from None
     if config is not None:
         saved = ckpt.get("config", {})
         diff = [

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from .device import one_main_thread
 from .dist import single_process_group
 from .figures import COLORS, describe_figure, pyplot, show_figure
-from .i18n import language, pad, text_width, tr
+from .i18n import language, pad, spaced, text_width, tr
 from .models import MLP
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class PitfallLedger:
                                     f"{title}：修复没有奏效（{measure} = {_fmt(fix)}）。"))
         bug, fix = _fmt(bug), _fmt(fix)
         print(tr(f"{title}: {measure}: with the bug {bug}, fixed {fix} (bug reproduced; fix works)",
-                 f"{title}：{measure}：有 bug 时 {bug}，修复后 {fix}（bug 已复现；修复有效）"))
+                 spaced(f"{title}：{measure}：有 bug 时", bug) + "，" + spaced("修复后", fix) + "。bug 已复现，修复有效。"))
 
     @contextlib.contextmanager
     def expect_error(
@@ -562,7 +562,7 @@ def switchboard_summary(mistakes: Sequence[str] | None = ("no_zero_grad",)) -> s
 def switchboard_overview() -> str:
     """One row per mistake switched on alone, under the clean run."""
     rows = [(tr("no mistake", "无错误"), switchboard_run())]
-    return _summary_lines(rows + [(key, switchboard_run((key,))) for key in SWITCHES])
+    return _summary_lines(rows + [(tr(key, switch_label(key)), switchboard_run((key,))) for key in SWITCHES])
 
 
 def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):

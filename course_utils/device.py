@@ -100,14 +100,15 @@ def busy_warning(load: float | None, cores: int) -> str:
 
 
 def cpu_load() -> str:
-    """The load average against the core count, as one line to print beside a timing ("" without one)."""
+    """The load average against the core count, as one line to print beside a timing and the core count
+    ("" without one; the Chinese line leaves the cores to the core count printed beside it)."""
     load = load_average()
     if load is None:
         return ""
     cores = cpu_cores()
     busy = tr(" (busy: load above the core count, numbers are not an idle machine's)",
               "（繁忙：负载高于核心数，这些数字不是空闲机器上的结果）") if load > cores else ""
-    return tr(f"load average {load:.1f} on {cores} cores{busy}", f"负载均值 {load:.1f}，{cores} 个核心{busy}")
+    return tr(f"load average {load:.1f} on {cores} cores{busy}", f"负载均值 {load:.1f}{busy}")
 
 
 @contextlib.contextmanager

@@ -17,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .i18n import tr
+
 
 def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
     """nccl with a GPU per local rank, else gloo: with a warning when there are GPUs (a wrong
@@ -27,10 +29,12 @@ def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
     if gpus >= local_world_size:
         return "nccl"
     if gpus and warn:
-        warnings.warn(
+        warnings.warn(tr(
             f"{local_world_size} processes on this node but {gpus} GPU(s): using gloo on the CPU. "
             "Start one process per GPU (--nproc-per-node), or set COURSE_BACKEND=nccl to make "
             "this an error.",
+            f"本节点上有 {local_world_size} 个进程，却只有 {gpus} 块 GPU：改用 CPU 上的 gloo。"
+            "请每块 GPU 启动一个进程（--nproc-per-node），或者设置 COURSE_BACKEND=nccl，让这种情况直接报错。"),
             stacklevel=2,
         )
     return "gloo"

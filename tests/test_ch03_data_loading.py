@@ -16,6 +16,7 @@ from course_utils import ch03_data_loading as L
 from course_utils import data as DATA
 from course_utils.data import image_paths, load_image
 from course_utils.exercises.ch03 import _as_workers
+from course_utils.i18n import text_width
 
 
 @pytest.fixture(scope="module")
@@ -437,7 +438,13 @@ def test_chapter_03_displays_speak_the_course_language(monkeypatch, lang):
     runs = [_run(0, [1.0] * 3), _run(1, [0.6] * 3), _run(2, [0.5] * 3), _run(4, [0.49] * 3)]
     summary = L.curve_summary(runs, cores=2, load=None)
     assert _has_chinese(summary) == zh and ("最快" in summary) == zh and ("Fastest here" in summary) != zh
-    assert L.format_runs(runs).startswith("workers 1st batch s")  # column names stay in English
+    table = L.format_runs(runs).splitlines()
+    if zh:  # Chinese column names, each over its column (a Chinese character takes two columns)
+        assert table[0].split() == ["worker", "首批秒数", "epoch", "中位秒数", "图像/秒", "相对", "0", "波动", "各一次"]
+        assert text_width(table[0]) == text_width(table[1]) == text_width(table[2]) and table[2].endswith(" 是")
+    else:  # the English table unchanged
+        assert table[0] == "workers 1st batch s median epoch s  images/s  x vs 0  spread  once"
+        assert len(table[1]) == len(table[2]) == len(table[0]) and table[2].endswith("  yes")
     fig = L.plot_curves(runs, 2, _reference())
     title, legend = fig.axes[0].get_title(), fig.axes[0].get_legend_handles_labels()[1]
     assert title == ("吞吐量（虚线：各机器的核心数）" if zh else "Throughput (dashed: each machine's cores)")

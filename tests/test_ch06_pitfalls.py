@@ -243,11 +243,17 @@ def test_the_chinese_edition_explains_in_chinese(monkeypatch, capsys):
     monkeypatch.setenv("COURSE_LANG", "zh")
     book = pitfalls.PitfallLedger()
     book.check("a", "first", "loss", bug=True, fix=0.25, bug_seen=True, fixed=True)
-    assert capsys.readouterr().out == "first：loss：有 bug 时 是，修复后 0.2500（bug 已复现；修复有效）\n"
+    assert capsys.readouterr().out == "first：loss：有 bug 时是，修复后 0.2500。bug 已复现，修复有效。\n"
     table = book.table().splitlines()
     assert table[0].split() == ["#", "误区", "测量项", "有", "bug", "时", "修复后", "检查"]
     assert table[2].split() == ["1", "first", "loss", "是", "0.2500", "通过"] and book.all_ok
     assert text_width(table[1]) == text_width(table[0])  # the rule is as wide as the headings
+    overview = pitfalls.switchboard_overview().splitlines()  # each mistake named in Chinese, columns aligned
+    assert overview[2].startswith("在 forward() 中创建输出层 ") and "layer_in_forward" not in "".join(overview)
+    assert len({text_width(line) for line in overview}) == 1
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert pitfalls.switchboard_overview().splitlines()[2].startswith("layer_in_forward ")  # English unchanged
+    monkeypatch.setenv("COURSE_LANG", "zh")
     with pytest.raises(AssertionError, match="修复没有奏效"):
         book.check("b", "t", "m", bug=1, fix=1, bug_seen=True, fixed=False)
     assert book.table().splitlines()[-1].endswith("失败")
@@ -426,8 +432,8 @@ def test_the_notebooks_checks_have_chinese_names(capsys, monkeypatch):
     for lang, line, closing in [
         ("en", "DDP model evaluated on rank 0 only: evaluation result: with the bug hang (collective timeout), "
                "fixed 340/359 both ways (bug reproduced; fix works)", "1 pitfalls reproduced and fixed"),
-        ("zh", "只在 rank 0 上评估 DDP 模型：评估结果：有 bug 时 卡死（集合通信超时），"
-               "修复后 340/359（两种做法结果相同）（bug 已复现；修复有效）", "1 个误区均已复现并修复"),
+        ("zh", "只在 rank 0 上评估 DDP 模型：评估结果：有 bug 时卡死（集合通信超时），"
+               "修复后 340/359（两种做法结果相同）。bug 已复现，修复有效。", "1 个误区均已复现并修复"),
     ]:
         monkeypatch.setenv("COURSE_LANG", lang)
         book = pitfalls.PitfallLedger()

@@ -111,3 +111,87 @@ def test_a_clarification_is_cited_as_one_and_marked_as_one():
     assert cited <= marked, f"cited as clarifications but not marked as ones: {sorted(cited - marked)}"
     assert marked <= cited, f"clarifications that no notebook cites as one: {sorted(marked - cited)}"
     assert marked == {4, 12, 13}, f"the errata page's clarifications are 4, 12 and 13, not {sorted(marked)}"
+
+
+ERRATA_ZH = ROOT / "docs" / "errata.zh-CN.md"
+# [01_autograd › 1. 原样运行原文的示例](../notebooks-zh/01_autograd.ipynb)
+SHOWN_AT_ZH = re.compile(r"\[(\d\d_[a-z0-9_]+) › (.+?)\]\(\.\./notebooks-zh/(\d\d_[a-z0-9_]+\.ipynb)\)")
+ANCHOR = re.compile(r'^<a id="(erratum-\d+)"></a>\n\n## (\d+)\. ', re.M)
+# a link to an errata page: [text](path/errata.md#anchor) or errata.zh-CN.md
+ERRATA_LINK = re.compile(r"\[([^\]]+)\]\(((?:[^)\s]*/)?errata(?:\.zh-CN)?\.md)(?:#([^)\s]*))?\)")
+# the erratum a link text names: "erratum 6", "Clarification 4", "勘误 6", "澄清 4"
+NAMED = re.compile(r"(?:\b(?:errat(?:um|a)|clarifications?)|勘误|澄清)\s*(\d+)", re.I)
+
+
+def test_the_chinese_errata_name_the_chinese_sections():
+    """Each "课程中的演示" link of the Chinese errata names, as its text, a heading of the Chinese notebook."""
+    text = ERRATA_ZH.read_text(encoding="utf-8")
+    links = SHOWN_AT_ZH.findall(text)
+    assert len(links) >= len(entries()), "link every entry's sections as [NN_name › heading](../notebooks-zh/NN_name.ipynb)"
+    wrong = [f"{target}: {heading!r}" for stem, heading, target in links
+             if target != f"{stem}.ipynb" or heading not in headings(ROOT / "notebooks-zh" / target)]
+    assert not wrong, "docs/errata.zh-CN.md links sections the Chinese notebooks do not have:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("page", [ERRATA, ERRATA_ZH], ids=["en", "zh-CN"])
+def test_every_entry_has_a_stable_anchor(page):
+    """`<a id="erratum-N"></a>` before entry N's heading: links survive a reworded heading."""
+    text = page.read_text(encoding="utf-8")
+    found = [(a, int(n)) for a, n in ANCHOR.findall(text)]
+    assert found == [(f"erratum-{n}", n) for n in entries()], f"{page.name}: anchors {found}"
+
+
+def _linking_files() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted((ROOT / "notebooks").glob("*.ipynb")), *sorted((ROOT / "notebooks-zh").glob("*.ipynb"))]
+    return [p for p in files if p.exists()]
+
+
+def errata_links(path: Path) -> list[tuple[str, Path, str]]:
+    """(link text, errata page, anchor or "") of every link from `path` to an errata page."""
+    text = notebook_text(path) if path.suffix == ".ipynb" else path.read_text(encoding="utf-8")
+    return [(label, (path.parent / target).resolve(), anchor or "") for label, target, anchor in ERRATA_LINK.findall(text)]
+
+
+def link_problems(path: Path, root: Path = ROOT) -> list[str]:
+    """What is wrong with the links from `path` to the errata pages: a page or an anchor that does not
+    exist, a text that names one erratum ("勘误 1", "erratum 6") and links elsewhere, a text that shows
+    one file's name and links another."""
+    wrong = []
+    where = path.relative_to(root)
+    for label, page, anchor in errata_links(path):
+        if not page.exists():
+            wrong.append(f"{where}: [{label}] links {page.name}, which does not exist")
+            continue
+        have = set(re.findall(r'<a id="([^"]+)"></a>', page.read_text(encoding="utf-8")))
+        named = NAMED.search(label)
+        if anchor and anchor not in have:
+            wrong.append(f"{where}: [{label}] links {page.name}#{anchor}, an anchor the page does not have")
+        elif named and anchor != f"erratum-{named.group(1)}":
+            wrong.append(f"{where}: [{label}] names erratum {named.group(1)} but links {page.name}#{anchor}")
+        elif label.endswith(".md") and label.rsplit("/", 1)[-1] != page.name:
+            wrong.append(f"{where}: [{label}] shows one file's name and links another, {page.name}")
+    return wrong
+
+
+def test_every_link_to_an_erratum_reaches_its_anchor():
+    """Every link into an errata page, from the README, the docs and both editions' notebooks, holds."""
+    wrong = [problem for path in _linking_files() for problem in link_problems(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_link_check_sees_a_missing_anchor_a_wrong_number_and_a_wrong_name(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "errata.zh-CN.md").write_text('<a id="erratum-1"></a>\n\n## 1. 一\n', encoding="utf-8")
+    (tmp_path / "docs" / "errata.md").write_text('<a id="erratum-1"></a>\n\n## 1. One\n', encoding="utf-8")
+    (tmp_path / "nb").mkdir()
+    page = tmp_path / "nb" / "notes.md"
+    page.write_text("[勘误 1](../docs/errata.zh-CN.md#erratum-1) [勘误表](../docs/errata.zh-CN.md)", encoding="utf-8")
+    assert link_problems(page, tmp_path) == []
+    page.write_text("[勘误 1](../docs/errata.zh-CN.md#erratum-2) [勘误 2](../docs/errata.zh-CN.md#erratum-1)"
+                    " [docs/errata.md](../docs/errata.zh-CN.md) [errata](../docs/missing.md)", encoding="utf-8")
+    assert link_problems(page, tmp_path) == [
+        "nb/notes.md: [勘误 1] links errata.zh-CN.md#erratum-2, an anchor the page does not have",
+        "nb/notes.md: [勘误 2] names erratum 2 but links errata.zh-CN.md#erratum-1",
+        "nb/notes.md: [docs/errata.md] shows one file's name and links another, errata.zh-CN.md",
+    ]

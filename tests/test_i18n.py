@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -152,3 +153,23 @@ def test_speaking_wins_over_the_environment_and_ends_with_its_block(monkeypatch)
     with pytest.raises(ValueError, match="not a language of the course"):
         with i18n.speaking("fr"):
             pass
+
+
+def test_a_checkpoint_refused_and_a_backend_warning_speak_chinese(tmp_path, monkeypatch):
+    """What the Chinese edition's chapter 05 prints from the helpers: a damaged checkpoint's refusal and
+    the backend's warning, in Chinese; in English as before."""
+    from unittest import mock
+
+    from course_utils import dist
+    from course_utils.ch05_full_pipeline import CheckpointError, load_checkpoint
+
+    bad = tmp_path / "last.pt"
+    bad.write_bytes(b"not a checkpoint")
+    for lang, words, warned in (("zh", "检查点 last.pt 无法读取", "本节点上有 2 个进程，却只有 1 块 GPU"),
+                                ("en", "the checkpoint last.pt cannot be read", "2 processes on this node but 1 GPU(s)")):
+        monkeypatch.setenv("COURSE_LANG", lang)
+        with pytest.raises(CheckpointError, match=re.escape(words)):
+            load_checkpoint(bad)
+        with mock.patch("torch.cuda.is_available", return_value=True), \
+             mock.patch("torch.cuda.device_count", return_value=1), pytest.warns(UserWarning, match=re.escape(warned)):
+            assert dist.choose_backend(2) == "gloo"

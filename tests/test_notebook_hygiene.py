@@ -115,9 +115,10 @@ def test_no_machine_paths(path):
         assert not m, f"{path.name} contains a path of the author's machine: {m.group(0)!r} (run `make execute`)"
 
 
-# A line that looks like a warning: Python's (UserWarning: ...), a lower-case "warning:" prefix, or
-# matplotlib's font messages (findfont: ...).
-WARNING_LINE = re.compile(r"\w*Warning:|\bwarning:|findfont:")
+# A line that looks like a warning: Python's (UserWarning: ...), a lower-case "warning:" prefix (in the
+# Chinese edition "警告：" at the start of a line, but for the busy-machine advice that the English edition
+# writes "WARNING: this machine is busy"), or matplotlib's font messages (findfont: ...).
+WARNING_LINE = re.compile(r"\w*Warning:|\bwarning:|^\s*警告：(?!这台机器正忙)|findfont:", re.M)
 WARNING_TAG = "warning-lesson"  # the cell teaches a warning: showing it is the point
 
 

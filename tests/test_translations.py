@@ -52,6 +52,16 @@ def test_chinese_code_may_differ_in_comments_and_strings_only():
     assert translate.same_code(english, 'x = (torch.ones(3)\n').startswith("not Python code")
 
 
+def test_an_identifier_changed_inside_an_f_string_is_refused():
+    """The expressions of an f-string are code on every Python (3.11 reads an f-string as one token)."""
+    english = 'total = 3\nprint(f"sum: {total:>4} of {len(names)!r}")\n'
+    assert translate.same_code(english, 'total = 3\nprint(f"总和：{total:>6}，共 {len(names)!r}")\n') is None
+    assert translate.same_code(english, 'total = 3\nprint(f"总和：{totl:>4} of {len(names)!r}")\n') == (
+        "line 2: 'totl' where the English code has 'total'")
+    assert translate.same_code(english, 'total = 3\nprint(f"sum: {total:>4} of {len(names)!s}")\n') is not None
+    assert translate.same_code('print(f"{\'ab\':<3}")', 'print(f"{\'中文\':<2}")') is None  # a string inside
+
+
 def test_a_code_cells_translation_builds_and_an_identifier_changed_in_it_is_refused(tmp_path, monkeypatch):
     """A code cell's translation (comments and printed labels in Chinese) builds into the Chinese
     notebook; an identifier changed in it is refused, naming the cell and the line."""

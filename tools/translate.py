@@ -26,6 +26,7 @@ language in its metadata (``course.language``), where course_utils reads it.
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import hashlib
 import io
@@ -52,30 +53,58 @@ if hasattr(tokenize, "FSTRING_MIDDLE"):  # Python 3.12+: an f-string's text, bet
     _FREE_TOKENS.add(tokenize.FSTRING_MIDDLE)
 
 
-def code_tokens(source: str) -> list[tuple[int, str]]:
-    """The tokens of `source` that decide what it does: every token but comments, string literals
-    (an f-string's text parts, on Python 3.12+) and line breaks inside a statement."""
+def _fstring_code(literal: str) -> list[tuple[int, str]]:
+    """The code inside an f-string literal (Python 3.11 reads the whole f-string as one STRING token;
+    3.12+ tokenizes its expressions): each replacement field's expression tokens and conversion."""
+    prefix = re.match(r"[A-Za-z]*", literal).group(0).lower()
+    if "f" not in prefix:
+        return []
+    try:
+        tree = ast.parse(literal.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not Python code the tokenizer can read: {exc}") from exc
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FormattedValue):
+            found += [(tokenize.OP, "{"), *code_tokens(ast.unparse(node.value))[:-2],
+                      (tokenize.OP, f"!{chr(node.conversion)}" if node.conversion > 0 else "}")]
+    return found
+
+
+def _located_tokens(source: str) -> list[tuple[tuple[int, str], int]]:
+    """Each of :func:`code_tokens`' tokens with the line it is on."""
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError) as exc:
         raise ValueError(f"not Python code the tokenizer can read: {exc}") from exc
     blank = (tokenize.NEWLINE, tokenize.DEDENT, tokenize.ENDMARKER)  # ("\n" or "" at the very end)
-    return [(t.type, "" if t.type in blank else t.string) for t in tokens if t.type not in _FREE_TOKENS]
+    kept: list[tuple[tuple[int, str], int]] = []
+    for t in tokens:
+        if t.type == tokenize.STRING:
+            kept += [(inner, t.start[0]) for inner in _fstring_code(t.string)]
+        elif t.type not in _FREE_TOKENS:
+            kept.append(((t.type, "" if t.type in blank else t.string), t.start[0]))
+    return kept
+
+
+def code_tokens(source: str) -> list[tuple[int, str]]:
+    """The tokens of `source` that decide what it does: every token but comments, string literals
+    (an f-string's text and format specs; the expressions in it count) and line breaks inside a statement."""
+    return [token for token, _ in _located_tokens(source)]
 
 
 def same_code(english: str, chinese: str) -> str | None:
     """None if `chinese` is `english` with other comments and string literals only; else where the
     first other token differs (line numbers of the Chinese cell)."""
     try:
-        en, zh = code_tokens(english), code_tokens(chinese)
+        en, located = code_tokens(english), _located_tokens(chinese)
     except ValueError as exc:
         return str(exc)
+    zh = [token for token, _ in located]
     if en == zh:
         return None
-    tokens = list(tokenize.generate_tokens(io.StringIO(chinese).readline))
-    kept = [t for t in tokens if t.type not in _FREE_TOKENS]
     k = next((i for i, (a, b) in enumerate(zip(en, zh, strict=False)) if a != b), min(len(en), len(zh)))
-    line = kept[k].start[0] if k < len(kept) else len(chinese.splitlines())
+    line = located[k][1] if k < len(located) else len(chinese.splitlines())
     want = en[k][1] if k < len(en) else "(end of cell)"
     got = zh[k][1] if k < len(zh) else "(end of cell)"
     return f"line {line}: {got!r} where the English code has {want!r}"

@@ -131,7 +131,7 @@ def _collate_facts(fn, batch):
     padded = as_tensor(padded, "`padded`")
     yield "padded", padded
     if padded.dtype in (torch.int64, torch.int32):  # the index dtypes nn.Embedding accepts
-        dtype = tr("int64 or int32 (token ids an nn.Embedding accepts)", "int64 或 int32（nn.Embedding 接受的词元 id）")
+        dtype = tr("int64 or int32 (token ids an nn.Embedding accepts)", "int64 或 int32（nn.Embedding 接受的 token id）")
     else:
         dtype = tr("floating point", "浮点") if padded.is_floating_point() else str(padded.dtype)
     yield tr("the dtype of padded", "padded 的 dtype"), dtype
