@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import ROOT
+from course_utils import ROOT, inventory
 from tests.test_chinese_text import chinese_texts
 
 GLOSSARY = ROOT / "i18n" / "zh-CN" / "glossary.md"
@@ -32,7 +32,7 @@ def forbidden(glossary: str) -> dict[str, list[str]]:
 def texts() -> list[tuple[str, str]]:
     """(where, text) of every Chinese text a reader sees, but the glossary itself."""
     found = [(where, text) for where, text in chinese_texts() if not where.endswith("glossary.md")]
-    for path in sorted((ROOT / "notebooks-zh").glob("[0-9][0-9]_*.ipynb")):
+    for path in inventory.notebooks("zh-CN"):
         for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
             parts = ["".join(cell["source"])]
             for out in cell.get("outputs", []):
@@ -78,7 +78,7 @@ def test_the_check_sees_a_forbidden_variant():
     assert variants_used([("x", "一个 DDP 作业的每个 rank")], banned) == []
 
 
-@pytest.mark.parametrize("nb", sorted(p.name for p in (ROOT / "notebooks-zh").glob("[0-9][0-9]_*.ipynb")))
+@pytest.mark.parametrize("nb", [p.name for p in inventory.notebooks("zh-CN")])
 def test_every_chapter_opening_links_the_glossary(nb):
     cells = json.loads((ROOT / "notebooks-zh" / nb).read_text(encoding="utf-8"))["cells"]
     opening = "".join(cells[0]["source"])
