@@ -415,15 +415,19 @@ def hold_out_dir(out: str | os.PathLike) -> _Held:
 
 def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) -> str:
     """Pairs of lines, found in each text by a fragment (``""``: missing from the skeleton), with
-    their line numbers. A fragment not found raises ``ValueError``: the comparison cannot drift."""
+    their line numbers. A fragment not found, or found on several lines, raises ``ValueError``: the
+    comparison cannot drift, nor land on another line that happens to share the fragment."""
 
     def find(text: str, fragment: str, name: str) -> tuple[int | str, str]:
         if not fragment:
             return "-", tr("(missing)", "（缺失）")
-        for number, line in enumerate(text.splitlines(), 1):
-            if fragment in line:
-                return number, line.strip()
-        raise ValueError(f"{fragment!r} is not in {name} any more: update the comparison")
+        found = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if fragment in line]
+        if not found:
+            raise ValueError(f"{fragment!r} is not in {name} any more: update the comparison")
+        if len(found) > 1:
+            raise ValueError(f"{fragment!r} is on lines {', '.join(str(n) for n, _ in found)} of {name}: give a "
+                             "fragment of one line only")
+        return found[0]
 
     out = []
     for i, (a, b) in enumerate(pairs, 1):

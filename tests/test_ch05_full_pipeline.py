@@ -183,6 +183,8 @@ def test_compare_lines_finds_each_fragment_and_refuses_drift():
     ]
     with pytest.raises(ValueError, match="'z' is not in train.py"):
         compare_lines("a", "b", [("a", "z")])
+    with pytest.raises(ValueError, match="'save' is on lines 1, 3 of train.py"):  # which one was meant?
+        compare_lines("a", "save(x)\nb\nsave(y)", [("a", "save")])
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -471,6 +473,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     resumed = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "b"], timeout=240,
                        backend="gloo", show=False)
     assert "resumed from last.pt: 0 epoch(s) and 16 step(s) done" in resumed.logs[0]
+    assert "could not read this last.pt" not in resumed.logs[0]  # a shared folder: each rank loaded it itself
     wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
     wb = torch.load(tmp_path / "b" / "final.pt", weights_only=True)
     assert ref.restarts == 0 and max_abs_diff(wa, wb) == 0.0
@@ -646,6 +649,8 @@ def test_two_nodes_with_node_local_disks_resume_as_one_run(tmp_path):
     assert len(finals) == 1
     resumed = any("resumed from last.pt: 1 epoch(s) done" in t for t in texts)
     assert resumed == (finals[0] == saved[0])  # rank 0 on the node with the checkpoint: it resumes
+    sent = any("1 rank(s) could not read this last.pt" in t for t in texts)
+    assert sent == resumed  # ...and sends it to the rank whose disk has none
     finals = [finals[0] / "final.pt"]
     wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
     assert max_abs_diff(wa, torch.load(finals[0], weights_only=True)) == 0.0

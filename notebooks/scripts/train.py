@@ -412,7 +412,7 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
                     f.write(json.dumps(row) + "\n")
                     f.flush()
                     os.fsync(f.fileno())
-                atomic_save(state, out / "last.pt")
+                atomic_save(state, out / "last.pt")  # the epoch's checkpoint, after its row
             except OSError as exc:
                 problem = (f"could not save epoch {epoch + 1} ({exc}). Free some space (or fix the folder), then run "
                            "the same command again: it resumes from the last checkpoint")
