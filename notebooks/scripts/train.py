@@ -150,7 +150,7 @@ _held = None  # rank 0's hold on OUT_DIR (see hold_out_dir)
 
 
 class StopSignal:
-    """SIGUSR1 received: stop at the end of the current step, after a checkpoint. The handler only
+    """SIGUSR1 received: stop at the next check, after a checkpoint. The handler only
     takes note (a signal can arrive in the middle of anything); :meth:`agreed` is asked by every rank
     after the same steps (every ``--stop-check-every`` steps and at the end of each epoch), and
     all-reduces the note, so that all ranks stop after the same step even when the signal reaches them
