@@ -8,10 +8,12 @@ import argparse
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import math
 import os
 import random
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +60,15 @@ class TrainConfig:
     crash_at_epoch: int = _opt(0, "fault drill: rank CRASH_RANK dies in this epoch, 1st attempt")
     crash_rank: int = _opt(1, "fault drill: which rank dies")
     stop_after_epoch: int = _opt(0, "stop cleanly after this epoch, as a job at its time limit")
-    signal_at_step: int = _opt(0, "drill: rank CRASH_RANK sends itself SIGUSR1 after this step (counted over the run)")
+    signal_at_step: int = _opt(0, "drill: rank CRASH_RANK sends SIGUSR1 to itself and its DataLoader workers "
+                               "after this step (counted over the run)")
+    stop_check_every: int = _opt(10, "steps between the ranks' checks for a stop signal (each check: one "
+                                 "all-reduce, and on a GPU a wait for the step to finish); an epoch's last step "
+                                 "is always checked")
+    augment: float = _opt(0.0, "random noise of this standard deviation added to each training image as it is "
+                          "loaded, drawn from the loading process's random stream (0: none)")
+    worker_start: str = _opt("default", "how DataLoader workers start: default (the platform's), fork, spawn "
+                             "or forkserver")
 
     def __post_init__(self) -> None:
         for name, ok, rule in (
@@ -69,13 +79,17 @@ class TrainConfig:
             ("val_fraction", 0 < self.val_fraction < 1, "between 0 and 1"),
             ("lr", self.lr > 0, "positive"),
             ("num_workers", self.num_workers >= 0, "0 or more"),
+            ("stop_check_every", self.stop_check_every >= 1, "at least 1"),
+            ("augment", self.augment >= 0, "0 or more"),
+            ("worker_start", self.worker_start in ("default", "fork", "spawn", "forkserver"),
+             "default, fork, spawn or forkserver"),
         ):
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
 #: What must match between a checkpoint and the run that resumes from it (the rest may change).
-RESUME_KEYS = "model epochs batch_size lr weight_decay clip_grad_norm val_fraction seed".split()
+RESUME_KEYS = "model epochs batch_size lr weight_decay clip_grad_norm val_fraction seed augment".split()
 
 
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
@@ -284,10 +298,11 @@ def load_checkpoint(
         )) from None
     if config is not None:
         saved = ckpt.get("config", {})
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # a setting added since
         diff = [
-            f"{k}: {saved.get(k)!r} -> {getattr(config, k)!r}"
+            f"{k}: {saved.get(k, defaults[k])!r} -> {getattr(config, k)!r}"
             for k in RESUME_KEYS
-            if saved.get(k) != getattr(config, k)
+            if saved.get(k, defaults[k]) != getattr(config, k)
         ]
         if diff:
             raise CheckpointError(
@@ -405,15 +420,19 @@ def hold_out_dir(out: str | os.PathLike) -> _Held:
 
 def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) -> str:
     """Pairs of lines, found in each text by a fragment (``""``: missing from the skeleton), with
-    their line numbers. A fragment not found raises ``ValueError``: the comparison cannot drift."""
+    their line numbers. A fragment not found, or found on several lines, raises ``ValueError``: the
+    comparison cannot drift, nor land on another line that happens to share the fragment."""
 
     def find(text: str, fragment: str, name: str) -> tuple[int | str, str]:
         if not fragment:
             return "-", tr("(missing)", "（缺失）")
-        for number, line in enumerate(text.splitlines(), 1):
-            if fragment in line:
-                return number, line.strip()
-        raise ValueError(f"{fragment!r} is not in {name} any more: update the comparison")
+        found = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if fragment in line]
+        if not found:
+            raise ValueError(f"{fragment!r} is not in {name} any more: update the comparison")
+        if len(found) > 1:
+            raise ValueError(f"{fragment!r} is on lines {', '.join(str(n) for n, _ in found)} of {name}: give a "
+                             "fragment of one line only")
+        return found[0]
 
     out = []
     for i, (a, b) in enumerate(pairs, 1):
@@ -421,6 +440,68 @@ def compare_lines(skeleton: str, script: str, pairs: Sequence[tuple[str, str]]) 
         out.append(f"[{i:>2}] {pad(tr('skeleton', '骨架'), len('skeleton'))} {na:>4} | {la}")
         out.append(f"     train.py {nb:>4} | {lb}")
     return "\n".join(out)
+
+
+class NoisyImages(Dataset):
+    """A dataset of (image, label) pairs with random noise added to each image as it is loaded: a random
+    augmentation, drawn from the random stream of the process that loads (the main process, or a
+    DataLoader worker)."""
+
+    def __init__(self, data: TensorDataset, std: float) -> None:
+        self.data, self.std = data, std
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.data[i]
+        return x + self.std * torch.randn_like(x), y
+
+
+class ResumableSampler(Sampler[int]):
+    """Another sampler's indices from the ``start``-th on: a resumed epoch skips the batches it has done
+    by index, without loading them (``start`` = steps done x batch size). ``set_epoch`` is passed on."""
+
+    def __init__(self, sampler: Sampler[int]) -> None:
+        self.sampler, self.start = sampler, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.start, None)
+
+    def __len__(self) -> int:
+        return max(len(self.sampler) - self.start, 0)  # type: ignore[arg-type]
+
+
+_STOP = getattr(signal, "SIGUSR1", None)  # (Windows has no SIGUSR1)
+
+
+def ignore_stop_signal(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: the worker ignores SIGUSR1. A scheduler or torchrun sends it to
+    every process of the rank (Slurm: the job step; torchrun: the rank's process group), and its default
+    action ends a process: a worker not forked from a process that handles it (spawn, forkserver) would
+    die, and the rank with it. The worker started with the signal blocked (:func:`stop_signal_blocked`):
+    a signal pending since then is discarded here."""
+    if _STOP is not None:
+        signal.signal(_STOP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {_STOP})
+
+
+@contextlib.contextmanager
+def stop_signal_blocked() -> Iterator[None]:
+    """SIGUSR1 held back in this thread while DataLoader workers start (``iter(loader)``): they inherit the
+    block (fork, and the exec of spawn keep the signal mask), so that one arriving before their
+    ``worker_init_fn`` cannot end them. A signal for this process waits, and is handled on leaving."""
+    if _STOP is None:
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {_STOP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class ShardSampler(Sampler[int]):

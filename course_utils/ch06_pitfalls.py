@@ -315,7 +315,7 @@ def flight_records(folder: str | os.PathLike) -> dict[int, list[dict[str, Any]]]
         records[rank] = json.loads(path.read_text())["entries"]
     if not records:
         raise FileNotFoundError(f"no fr_rank<R>.json in {folder}: did the job run with --fr-dump and "
-                                "TORCH_FR_BUFFER_SIZE set?")
+                                "TORCH_FR_BUFFER_SIZE not 0 (on by default)?")
     return records
 
 

@@ -183,6 +183,8 @@ def test_compare_lines_finds_each_fragment_and_refuses_drift():
     ]
     with pytest.raises(ValueError, match="'z' is not in train.py"):
         compare_lines("a", "b", [("a", "z")])
+    with pytest.raises(ValueError, match="'save' is on lines 1, 3 of train.py"):  # which one was meant?
+        compare_lines("a", "save(x)\nb\nsave(y)", [("a", "save")])
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -341,13 +343,13 @@ def test_sigusr1_mid_epoch_saves_a_checkpoint_that_resumes_to_the_same_weights(w
     a, b = tmp_path / "a", tmp_path / "b"
     world_of_one("--out-dir", a)
     before = signal.getsignal(signal.SIGUSR1)
-    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0) == 0
+    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0, "--stop-check-every", 1) == 0
     assert signal.getsignal(signal.SIGUSR1) is before
     ckpt = load_checkpoint(b / "last.pt")
     assert (ckpt["epoch"], ckpt["step"], len(ckpt["partial"])) == (0, 7, 1)
     assert ckpt["partial"][0]["sums"][1] == 7 * 32 and not (b / "final.pt").exists()
     assert read_metrics(b / "metrics.jsonl") == []
-    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0) == 0  # resumes, no new stop
+    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0, "--stop-check-every", 1) == 0  # resumes, no new stop
     wa = torch.load(a / "final.pt", weights_only=True)
     wb = torch.load(b / "final.pt", weights_only=True)
     assert max_abs_diff(wa, wb) == 0.0
@@ -358,10 +360,11 @@ def test_sigusr1_mid_epoch_saves_a_checkpoint_that_resumes_to_the_same_weights(w
 
 def test_a_stop_after_the_last_step_of_an_epoch_resumes_too(world_of_one, tmp_path):
     """The signal after the epoch's last step: the resumed run reads no batch of it, evaluates it and
-    goes on (320 training images in batches of 32: 10 steps an epoch)."""
+    goes on (320 training images in batches of 32: 10 steps an epoch; a check every 4 steps, and at the
+    epoch's end, which is not a multiple of 4)."""
     a, b = tmp_path / "a", tmp_path / "b"
     world_of_one("--out-dir", a)
-    assert world_of_one("--out-dir", b, "--signal-at-step", 10, "--crash-rank", 0) == 0
+    assert world_of_one("--out-dir", b, "--signal-at-step", 9, "--crash-rank", 0, "--stop-check-every", 4) == 0
     assert (load_checkpoint(b / "last.pt")["epoch"], load_checkpoint(b / "last.pt")["step"]) == (0, 10)
     world_of_one("--out-dir", b)
     wa = torch.load(a / "final.pt", weights_only=True)
@@ -370,24 +373,107 @@ def test_a_stop_after_the_last_step_of_an_epoch_resumes_too(world_of_one, tmp_pa
         [r["train_loss"] for r in read_metrics(b / "metrics.jsonl")]
 
 
+def test_the_stop_waits_for_the_next_check(world_of_one, tmp_path):
+    """The ranks check for a stop every --stop-check-every steps (default 10), not every step: a signal
+    after step 3 stops the run after step 5 with a check every 5, after step 10 with the default."""
+    for every, stopped in ((5, 5), (None, 10)):
+        out = tmp_path / f"every{every}"
+        flags = ["--stop-check-every", every] if every else []
+        assert world_of_one("--out-dir", out, "--signal-at-step", 3, "--crash-rank", 0, *flags) == 0
+        assert load_checkpoint(out / "last.pt")["step"] == stopped
+
+
+def test_a_mid_epoch_resume_with_a_random_augmentation_is_exact(world_of_one, tmp_path):
+    """Random noise drawn as each image is loaded (in this process: --num-workers 0): the stop after step
+    7 and the resume give the uninterrupted run's weights, as the skipped batches are not loaded."""
+    common = ["--augment", 0.3, "--epochs", 2, "--stop-check-every", 1]
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a, *common)
+    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0, *common) == 0
+    assert load_checkpoint(b / "last.pt")["step"] == 7
+    world_of_one("--out-dir", b, *common)
+    wa = torch.load(a / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, torch.load(b / "final.pt", weights_only=True)) == 0.0
+
+
+def test_skipping_by_loading_would_draw_the_augmentation_again(world_of_one, tmp_path, monkeypatch):
+    """The check above has teeth: skip the done batches by loading them (the random noise of 7 batches
+    drawn again, after the random state was restored) and the weights differ."""
+    script = world_of_one.script
+    monkeypatch.setattr(script, "ResumableSampler", _LoadingSkip)
+    common = ["--augment", 0.3, "--epochs", 2, "--stop-check-every", 1]
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a, *common)
+    world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0, *common)
+    world_of_one("--out-dir", b, *common)
+    wa = torch.load(a / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, torch.load(b / "final.pt", weights_only=True)) > 0.0
+
+
+class _LoadingSkip(torch.utils.data.Sampler):
+    """A ResumableSampler that ignores ``start`` and says it skipped nothing: the loop loads every batch
+    and drops the done ones (what happens with workers)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def set_epoch(self, epoch):
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    @property
+    def start(self):
+        return 0
+
+    @start.setter
+    def start(self, value):
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
+def test_dataloader_workers_survive_the_stop_signal_and_resume_exactly(world_of_one, tmp_path, start):
+    """A scheduler signals every process of the rank, its DataLoader workers too (the drill does the
+    same). Workers started with spawn or forkserver do not inherit the script's handler, and SIGUSR1's
+    default action would end them (the rank then fails: "DataLoader worker exited unexpectedly"): they
+    ignore it. The resumed run, loading and dropping the done batches so that each worker's random
+    stream goes on, ends with the uninterrupted run's weights."""
+    common = ["--augment", 0.3, "--epochs", 1, "--num-workers", 2, "--worker-start", start,
+              "--stop-check-every", 8]  # the signal after step 2, the stop after step 8: the workers load on
+    a, b = tmp_path / "a", tmp_path / "b"
+    world_of_one("--out-dir", a, *common)
+    assert world_of_one("--out-dir", b, "--signal-at-step", 2, "--crash-rank", 0, *common) == 0
+    assert load_checkpoint(b / "last.pt")["step"] == 8
+    world_of_one("--out-dir", b, *common)
+    wa = torch.load(a / "final.pt", weights_only=True)
+    assert max_abs_diff(wa, torch.load(b / "final.pt", weights_only=True)) == 0.0
+
+
 @pytest.mark.slow
 def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
-    """Two real ranks; only rank 1 gets SIGUSR1: the ranks agree (one all-reduce a step), both stop
-    after step 15, and the resumed run ends with the weights of an uninterrupted one."""
+    """Two real ranks; only rank 1 gets SIGUSR1, after step 15: the ranks agree (one all-reduce every 4
+    steps), both stop after step 16, and the resumed run ends with the weights of an uninterrupted one."""
     from course_utils.launch import torchrun
 
     common = ["--model", "mlp", "--epochs", "2", "--no-progress"]
     ref = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "ref"], timeout=240,
                    backend="gloo", show=False)
-    stopped = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "b", "--signal-at-step", 15],
+    stopped = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "b", "--signal-at-step", 15,
+                                              "--stop-check-every", 4],
                        timeout=240, backend="gloo", show=False)
-    assert "signal SIGUSR1: stopped after step 15 of epoch 1" in stopped.logs[0]
+    assert "signal SIGUSR1: stopped after step 16 of epoch 1" in stopped.logs[0]
     ckpt = load_checkpoint(tmp_path / "b" / "last.pt")
-    assert (ckpt["epoch"], ckpt["step"]) == (0, 15)
-    assert [p["sums"][1] for p in ckpt["partial"]] == [15 * 32, 15 * 32]
+    assert (ckpt["epoch"], ckpt["step"]) == (0, 16)
+    assert [p["sums"][1] for p in ckpt["partial"]] == [16 * 32, 16 * 32]
     resumed = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "b"], timeout=240,
                        backend="gloo", show=False)
-    assert "resumed from last.pt: 0 epoch(s) and 15 step(s) done" in resumed.logs[0]
+    assert "resumed from last.pt: 0 epoch(s) and 16 step(s) done" in resumed.logs[0]
+    assert "could not read this last.pt" not in resumed.logs[0]  # a shared folder: each rank loaded it itself
     wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
     wb = torch.load(tmp_path / "b" / "final.pt", weights_only=True)
     assert ref.restarts == 0 and max_abs_diff(wa, wb) == 0.0
@@ -563,6 +649,8 @@ def test_two_nodes_with_node_local_disks_resume_as_one_run(tmp_path):
     assert len(finals) == 1
     resumed = any("resumed from last.pt: 1 epoch(s) done" in t for t in texts)
     assert resumed == (finals[0] == saved[0])  # rank 0 on the node with the checkpoint: it resumes
+    sent = any("1 rank(s) could not read this last.pt" in t for t in texts)
+    assert sent == resumed  # ...and sends it to the rank whose disk has none
     finals = [finals[0] / "final.pt"]
     wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
     assert max_abs_diff(wa, torch.load(finals[0], weights_only=True)) == 0.0

@@ -2,7 +2,8 @@
 before its fix): a reference that shared the learner's random stream (06 Q1), a crash simulated by
 patching one name instead of judging the file on disk after a crash at any point (05 Q4), an answer
 judged by its form instead of what the training loop does with it (05 Q2), and the learner's session
-restored by the check before it was judged (06 Q3)."""
+restored by the check before it was judged (06 Q3), and an all_gather of the whole tensor, summed on
+each rank, passed off as the two-step all-reduce (04 Q2)."""
 
 import os
 import shutil
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch import save as bound_before_the_check  # a name that patching torch.save cannot reach
 
-from course_utils.exercises import ch05, ch06
+from course_utils.exercises import ch04, ch05, ch06
 
 # ------------------------------------------------------------------ 06 Q1: a reference with its own generator
 
@@ -142,3 +144,47 @@ def test_an_evaluate_that_leaves_the_session_changed_is_refused(answer):
     result = ch06.q3.check(answer)
     assert torch.is_grad_enabled() == before
     assert result.status == "incorrect", result
+
+
+# --------------------------------------------------- 04 Q2: the sums, but not by reduce-scatter then all-gather
+
+
+def gather_then_sum(t):
+    """Wrong: every rank gathers every rank's whole tensor and sums locally (world x the traffic); the
+    reduce_scatter is called only for show."""
+    world = dist.get_world_size()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)
+    mine = torch.empty_like(t.chunk(world)[0])
+    dist.reduce_scatter(mine, list(t.chunk(world)))
+    return torch.stack(parts).sum(0)
+
+
+def tensor_forms(t):
+    """Correct: the same two steps with the single-tensor collectives."""
+    world = dist.get_world_size()
+    mine = torch.empty(t.numel() // world, dtype=t.dtype)
+    dist.reduce_scatter_tensor(mine, t)
+    out = torch.empty_like(t)
+    dist.all_gather_into_tensor(out, mine)
+    return out
+
+
+def async_form(t):
+    """Correct: the list collectives, asynchronous, each waited for."""
+    world = dist.get_world_size()
+    chunks = list(t.chunk(world))
+    mine = torch.empty_like(chunks[0])
+    dist.reduce_scatter(mine, chunks, async_op=True).wait()
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, async_op=True).wait()
+    return torch.cat(parts)
+
+
+@pytest.mark.slow
+def test_an_all_gather_of_the_whole_tensor_is_not_the_two_step_all_reduce():
+    result = ch04.q2.check(gather_then_sum)
+    assert result.status == "incorrect" and "all_gather" in result.message, result
+    for answer in (tensor_forms, async_form):
+        result = ch04.q2.check(answer)
+        assert result.correct, result

@@ -77,7 +77,7 @@ SHOWN = {"get_rank", "get_world_size", "ReduceOp", "is_initialized", "is_availab
 class View:
     # torch.distributed as an answer sees it: `group` (None: everyone) by default, its calls noted
     def __init__(self, group, calls):
-        self.group, self.calls = group, calls
+        self.group, self.calls, self.sent = group, calls, []
 
     def __getattr__(self, name):
         real = getattr(dist, name)
@@ -88,6 +88,9 @@ class View:
 
         def call(*args, **kwargs):
             self.calls.append(name)
+            if name in ("all_gather", "all_gather_into_tensor"):  # what each rank sends: its numel
+                sent = args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor"))
+                self.sent.append(sent.numel() if isinstance(sent, torch.Tensor) else None)
             if self.group is not None and "group" not in kwargs:
                 kwargs["group"] = self.group
             return real(*args, **kwargs)
@@ -114,20 +117,23 @@ def run(code, defaults, world, group):
     view = View(group, calls)
     fn = types.FunctionType(marshal.loads(code), {"torch": TorchView(view), "dist": view, "__builtins__": builtins})
     fn.__defaults__ = defaults
+    sent = []
     for t in tensors(world, dist.get_rank(group)):
+        view.sent = []
         try:
             got = fn(t.clone())
         except (Exception, SystemExit) as exc:
             line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
                          if f.filename == fn.__code__.co_filename), None)
             return {"calls": calls, "error": (type(exc).__name__, str(exc).strip().splitlines()[:1], line)}
+        sent.append([f"{n}/{t.numel()}" if n is not None else "?" for n in view.sent])
         if not isinstance(got, torch.Tensor):
             out.append(type(got).__name__)
         elif got.numel() > 10**6:
             out.append(f"a tensor of shape {tuple(got.shape)}")
         else:
             out.append(got.detach().clone())
-    return {"calls": calls, "error": None, "returned": out}
+    return {"calls": calls, "error": None, "returned": out, "sent": sent}
 
 
 job = pickle.loads(Path(sys.argv[1]).read_bytes())
@@ -250,6 +256,11 @@ def _two_step_facts(fn, world):
            bool(calls & {"reduce_scatter", "reduce_scatter_tensor"}))
     yield (tr("whether it calls all_gather (or all_gather_into_tensor)", "它是否调用了 all_gather（或 all_gather_into_tensor）"),
            bool(calls & {"all_gather", "all_gather_into_tensor"}))
+    # An all_gather of the whole tensor, summed on each rank, returns the sums too (with a reduce_scatter
+    # called for show): what each rank sends to all_gather tells them apart, the reduced chunk, 1/world of t.
+    yield (tr("the elements rank 0 sends to all_gather, out of t's, for each tensor above",
+              "rank 0 交给 all_gather 的元素个数（占 t 的元素个数），依次对应上面的每个张量"),
+           found[0].get("sent"))
 
 q2 = OnRanks(
     "Q2",

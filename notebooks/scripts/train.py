@@ -8,8 +8,10 @@ Runs on the CPU (gloo) and on GPUs (nccl, one process per GPU) unchanged:
 
 Resumes from OUT_DIR/last.pt when it exists, so the same command continues an interrupted
 run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
-Rank 0 reads the checkpoint and sends it to the other ranks, so the replicas never disagree; which
-node gets rank 0 is the rendezvous' choice, so keep OUT_DIR on a filesystem every node shares. A
+Rank 0 alone decides whether to resume; every rank then loads the checkpoint it names from OUT_DIR
+itself (each onto its own device), and a rank that cannot (node-local disks: only rank 0 writes) gets it
+from rank 0 over the network, so the replicas never disagree. Which node gets rank 0 is the
+rendezvous' choice, so keep OUT_DIR on a filesystem every node shares. A
 damaged checkpoint or metrics file, one of another number of processes, a folder that another run is
 using, or a full disk is refused with what to do (exit code 2, every rank stopping).
 
@@ -25,20 +27,24 @@ backend exchanges its connection details through this store) and fail to connect
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 python -m torch.distributed.run --standalone \
         --nproc-per-node 2 --max-restarts 1 scripts/train.py --crash-at-epoch 2
 
-SIGUSR1 asks for a checkpoint and a clean exit (exit code 0) at the end of the current step: a
-scheduler's warning before its time limit (Slurm: ``sbatch --signal=USR1@120``, or ``scancel
---signal=USR1 JOBID``). The ranks agree on it, so all of them stop after the same step, and the same
-command resumes in the middle of that epoch, with the weights an uninterrupted run would have. Under
+SIGUSR1 asks for a checkpoint and a clean exit (exit code 0) at the next check, every
+``--stop-check-every`` steps (and at the end of each epoch): a scheduler's warning before its time limit
+(Slurm: ``sbatch --signal=USR1@120``, or ``scancel --signal=USR1 JOBID``). The ranks agree on it, so all
+of them stop after the same step, and the same command resumes in the middle of that epoch, with the
+weights an uninterrupted run would have (the batches done are skipped by index without loading them with
+``--num-workers 0``; with workers they are loaded and dropped, so that each worker's random stream goes on
+as in the uninterrupted run). DataLoader workers ignore SIGUSR1, which the scheduler sends them too. Under
 torchrun, pass ``--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``: by default the launcher
 dies of SIGUSR1; with it, it passes the signal on and waits ``--shutdown-timeout`` seconds (default 30)
 before it kills the workers (chapter 04's ``slurm_ddp.sbatch`` does both). Try it in a terminal with
-``--signal-at-step 30``, which makes rank CRASH_RANK send itself the signal.
+``--signal-at-step 30``, which makes rank CRASH_RANK send the signal to itself and its DataLoader workers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -53,18 +59,22 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.ch05_full_pipeline import (
     CheckpointError,
+    NoisyImages,
+    ResumableSampler,
     TrainConfig,
     atomic_save,
     evaluate,
     format_config,
     get_rng_state,
     hold_out_dir,
+    ignore_stop_signal,
     load_checkpoint,
     load_splits,
     parse_config,
     read_metrics,
     set_aside,
     set_rng_state,
+    stop_signal_blocked,
     sync_buffers,
 )
 from course_utils.device import seed_everything
@@ -140,12 +150,13 @@ _held = None  # rank 0's hold on OUT_DIR (see hold_out_dir)
 
 
 class StopSignal:
-    """SIGUSR1 received: stop at the end of the current step, after a checkpoint. The handler only
+    """SIGUSR1 received: stop at the next check, after a checkpoint. The handler only
     takes note (a signal can arrive in the middle of anything); :meth:`agreed` is asked by every rank
-    at the end of every step, and all-reduces the note, so that all ranks stop after the same step even
-    when the signal reaches them at different moments, or only one of them. Costs one all-reduce of one
-    number a step (on a GPU it also waits for the step to finish). A context manager: the previous
-    handler is back afterwards."""
+    after the same steps (every ``--stop-check-every`` steps and at the end of each epoch), and
+    all-reduces the note, so that all ranks stop after the same step even when the signal reaches them
+    at different moments, or only one of them. Each check costs one all-reduce of one number, and on a
+    GPU the host waits for the step's kernels to finish (``.item()``): hence not every step. A context
+    manager: the previous handler is back afterwards."""
 
     def __init__(self, signum: int = signal.SIGUSR1) -> None:
         self.signum, self.noted = signum, False
@@ -168,31 +179,53 @@ class StopSignal:
 
 
 def agree_on_checkpoint(cfg: TrainConfig, ctx: DistContext, out: Path) -> dict | None:
-    """Rank 0 alone decides whether to resume (and prepares OUT_DIR), and sends every rank what it
-    loaded (a few MB).
+    """Rank 0 alone decides whether to resume (and prepares OUT_DIR); every rank then loads the checkpoint
+    itself, onto its own device, and checks that it is the one rank 0 read (its ``id``).
 
     Only rank 0 writes checkpoints, so on node-local disks the other nodes have no ``last.pt`` (or an
-    old one): ranks deciding alone could diverge. A run that cannot go on (a checkpoint it cannot
-    continue, a damaged metrics file, a folder in use) is refused once, by rank 0, and every rank stops.
+    old one): ranks deciding alone could diverge. When any rank cannot load rank 0's checkpoint, rank 0
+    sends it to every rank (pickled, through the process group: slow for a big model, and under nccl
+    staged in GPU memory). A run that cannot go on (a checkpoint it cannot continue, a damaged metrics
+    file, a folder in use) is refused once, by rank 0, and every rank stops.
     """
     found: list = [None]
+    ckpt = None
     if ctx.rank == 0:
         path = out / "last.pt"
         try:
             ckpt = prepare_out_dir(cfg, ctx, out)
-            found[0] = ("ok", ckpt)
+            found[0] = ("ok", None if ckpt is None else ckpt.get("id", ""))  # "": no id (an older file)
         except Exception as exc:  # refused once, never a rank left waiting: a bad file, a flaky filesystem
             why = f"{path} could not be read ({type(exc).__name__}: {exc}): move it away or pass --no-resume"
             if isinstance(exc, OSError):  # the folder itself: not there, not writable, full
                 why = f"{out} cannot be used for this run ({exc}): check it, or give another --out-dir"
             found[0] = ("refused", str(exc) if isinstance(exc, CheckpointError) else why)
-    dist.broadcast_object_list(found, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+    on = ctx.device if ctx.backend == "nccl" else None
+    dist.broadcast_object_list(found, src=0, device=on)  # a verdict and an id: a few bytes
     verdict, payload = found[0]
     if verdict == "refused":
         if ctx.rank == 0:
             sys.stderr.write(f"error: {payload}\n")
         raise Refused(payload)
-    return payload
+    if payload is None:
+        return None  # a fresh run on every rank
+    if ctx.rank != 0:
+        try:
+            ckpt = load_checkpoint(out / "last.pt", map_location=ctx.device)
+        except Exception:  # damaged or half-copied here: rank 0 sends its own
+            ckpt = None
+        if ckpt is None or not payload or ckpt.get("id") != payload:
+            ckpt = None
+    missing = torch.tensor([0.0 if ckpt is not None else 1.0], device=ctx.device)
+    dist.all_reduce(missing, op=dist.ReduceOp.SUM)
+    if missing.item() > 0:
+        log(ctx, f"note: {int(missing.item())} rank(s) could not read this last.pt (node-local disks?): rank 0 "
+                 "sends it to them through the process group")
+        sent = [ckpt if ctx.rank == 0 else None]
+        dist.broadcast_object_list(sent, src=0, device=on)
+        if ckpt is None:
+            ckpt = sent[0]
+    return ckpt
 
 
 def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) -> dict:
@@ -213,10 +246,15 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
     # is reseeded every epoch: a resumed run's workers get the same seeds as the uninterrupted run's.
     loader_gen = torch.Generator()
     workers = cfg.num_workers
+    train_set = NoisyImages(splits.train, cfg.augment) if cfg.augment else splits.train
+    sampler = ResumableSampler(train_sampler)  # a resumed epoch: from its first batch not done
     train_loader = DataLoader(
-        splits.train, batch_size=cfg.batch_size, sampler=train_sampler, num_workers=workers,
+        train_set, batch_size=cfg.batch_size, sampler=sampler, num_workers=workers,
         pin_memory=device.type == "cuda", generator=loader_gen, timeout=60 if workers else 0,
+        worker_init_fn=ignore_stop_signal if workers else None,  # a scheduler signals the workers too
+        multiprocessing_context=None if cfg.worker_start == "default" or not workers else cfg.worker_start,
     )
+    steps_per_epoch = len(train_loader)
 
     # 2. Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
     seed_everything(cfg.seed)
@@ -230,7 +268,7 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
     # 3. Optimiser, schedule, loss.
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr,
-                                                    total_steps=cfg.epochs * len(train_loader))
+                                                    total_steps=cfg.epochs * steps_per_epoch)
     criterion = nn.CrossEntropyLoss()
 
     start_epoch, elapsed, train_s, train_cpu_s = 0, 0.0, 0.0, 0.0
@@ -255,11 +293,11 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
     def save_checkpoint(epochs_done: int, steps_done: int = 0, mine: dict | None = None) -> None:
         """last.pt at a signal, written by rank 0 with every rank's random state and every rank's sums so
         far in the epoch; a collective: every rank calls it (the end of an epoch saves in step 6)."""
-        rng_states: list = [None] * ctx.world_size
-        dist.all_gather_object(rng_states, {"rng": get_rng_state(), "partial": mine})
+        rng_states: list | None = [None] * ctx.world_size if rank0 else None
+        dist.gather_object({"rng": get_rng_state(), "partial": mine}, rng_states, dst=0)  # to rank 0 only
         problem = None
         if rank0:  # epoch: the number of completed epochs, where the resumed loop starts
-            state = {"epoch": epochs_done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            state = {"id": os.urandom(8).hex(), "epoch": epochs_done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict(), "rng": [r["rng"] for r in rng_states],
                      "config": dataclasses.asdict(cfg),
                      "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
@@ -285,16 +323,23 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
         model.train()
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of loss x n, n]
         skip = done_steps if epoch == start_epoch else 0
+        # The steps done before a stop: without workers, skipped by index (never loaded: loading would
+        # also draw the random augmentation of the skipped images from this process's random stream,
+        # restored from the checkpoint). With workers, loaded and dropped: each worker's random stream
+        # then goes on as in the uninterrupted run (the main process's is not drawn from).
+        sampler.start = (skip if workers == 0 else 0) * cfg.batch_size
         if skip:  # the epoch was stopped after `skip` steps: its sums and clock go on from there
             sums += torch.tensor(partial["sums"], dtype=torch.float64, device=device)
             t0, c0 = t0 - partial["train_s"], c0 - partial["train_cpu_s"]
             last_batch_loss = partial["last_batch_loss"]
-        bar = tqdm(total=len(train_loader), initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
-        for step, (images, labels) in enumerate(train_loader):
+        bar = tqdm(total=steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
+        with stop_signal_blocked():  # the workers start here, with SIGUSR1 held back until they ignore it
+            batches = iter(train_loader)
+        for step, (images, labels) in enumerate(batches, start=sampler.start // cfg.batch_size):
             if step < skip:
                 continue  # done before the stop: the same batches come back, in the same order
             if (epoch + 1 == cfg.crash_at_epoch and ctx.rank == cfg.crash_rank and restarts == 0
-                    and step == len(train_loader) // 2):
+                    and step == steps_per_epoch // 2):
                 rprint(f"rank {ctx.rank}: dying on purpose in epoch {epoch + 1}, step {step} (fault drill)")
                 os._exit(CRASH_EXIT_CODE)
             images = images.to(device, non_blocking=True)
@@ -313,10 +358,15 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
             last_batch_loss = loss.detach()  # what the skeleton printed: one batch of one rank (.item() below)
             if bar is not None:
                 bar.update()
-            global_step = epoch * len(train_loader) + step + 1
+            global_step = epoch * steps_per_epoch + step + 1
             if global_step == cfg.signal_at_step and ctx.rank == cfg.crash_rank and stop is not None:
-                os.kill(os.getpid(), stop.signum)  # drill: the scheduler's warning, to this rank only
-            if stop is not None and stop.agreed(device):
+                # drill: the scheduler's warning, to this rank only, and (as torchrun's killpg and Slurm do)
+                # to its DataLoader workers
+                for worker in multiprocessing.active_children():
+                    os.kill(worker.pid, stop.signum)
+                os.kill(os.getpid(), stop.signum)
+            check = (step + 1) % cfg.stop_check_every == 0 or step + 1 == steps_per_epoch  # the same on every rank
+            if stop is not None and check and stop.agreed(device):
                 if bar is not None:
                     bar.close()
                 mine = {"sums": sums.tolist(), "train_s": time.perf_counter() - t0,
@@ -340,8 +390,8 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
 
         # 6. The epoch's metrics row, then the checkpoint: rank 0 writes, with every rank's random state;
         # the others wait for it to say it could (a full disk stops every rank, with the old last.pt kept).
-        rng_states: list = [None] * ctx.world_size
-        dist.all_gather_object(rng_states, get_rng_state())
+        rng_states: list | None = [None] * ctx.world_size if rank0 else None
+        dist.gather_object(get_rng_state(), rng_states, dst=0)  # to rank 0 only
         elapsed += time.perf_counter() - t0
         train_s += t_train
         train_cpu_s += c_train
@@ -354,7 +404,7 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
                    "restart": restarts}
             if test is not None:
                 row.update(test_acc=test.accuracy, test_loss=test.loss)
-            state = {"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            state = {"id": os.urandom(8).hex(), "epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict(), "rng": rng_states, "config": dataclasses.asdict(cfg),
                      "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
             try:  # the row first: a crash between the two leaves a row that resuming drops, never a gap
@@ -362,7 +412,7 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
                     f.write(json.dumps(row) + "\n")
                     f.flush()
                     os.fsync(f.fileno())
-                atomic_save(state, out / "last.pt")
+                atomic_save(state, out / "last.pt")  # the epoch's checkpoint, after its row
             except OSError as exc:
                 problem = (f"could not save epoch {epoch + 1} ({exc}). Free some space (or fix the folder), then run "
                            "the same command again: it resumes from the last checkpoint")
