@@ -79,7 +79,7 @@ class DigitRecords(Dataset):
         """Open this process's own handle, and note which process it is."""
         info = get_worker_info()
         self.file = open(self.path, "rb")  # kept open for the life of the process
-        self.opened_by = "main process" if info is None else f"worker {info.id}"
+        self.opened_by = tr("main process", "主进程") if info is None else tr(f"worker {info.id}", f"{info.id} 号 worker")
 
     def close(self) -> None:
         """Close this process's handle, if it has one."""

@@ -16,7 +16,7 @@ from course_utils import ch03_data_loading as L
 from course_utils import data as DATA
 from course_utils.data import image_paths, load_image
 from course_utils.exercises.ch03 import _as_workers
-from course_utils.i18n import text_width
+from course_utils.i18n import speaking, text_width
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +225,9 @@ def test_digit_records(tmp_path):
     assert records.file is None
     with pytest.raises(IndexError):
         records[n]
+    with speaking("zh"):  # the Chinese edition names the process in Chinese
+        assert records[5][2] == "主进程"
+    records.close()
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def test_the_glossary_is_in_chinese_and_forbids_variants_of_the_terms_that_drift
     text = GLOSSARY.read_text(encoding="utf-8")
     banned = forbidden(text)
     for term in ("作业", "会合（rendezvous）", "键值存储（store）", "梯度桶；桶", "守卫（guard）", "图中断", "锁页内存",
-                 "滑动统计量；滑动均值、滑动方差", "token", "logits"):
+                 "滑动统计量；滑动均值、滑动方差", "token", "logits", "不平衡（的数据集）"):
         assert term in banned, f"the glossary has no row for {term!r} with variants not to use"
     assert "海森矩阵" in text and "黑塞矩阵" in text
     prose = re.sub(r"`[^`]*`|\([^)]*\)|\|[^|\n]*\|", "", text.split("| --- |")[0])  # the introduction
@@ -84,3 +84,10 @@ def test_every_chapter_opening_links_the_glossary(nb):
     opening = "".join(cells[0]["source"])
     assert "](../i18n/zh-CN/glossary.md)" in opening, f"notebooks-zh/{nb}: link the glossary from the first cell"
     assert Path(ROOT / "i18n" / "zh-CN" / "glossary.md").exists()
+
+
+def test_an_imbalanced_dataset_is_banned_as_uneven_but_uneven_inputs_are_not():
+    banned = forbidden(GLOSSARY.read_text(encoding="utf-8"))
+    assert variants_used([("x", "不均衡数据集：796 张图像")], banned) == [
+        "x: '不均衡数据集' where the glossary says '不平衡（的数据集）'"]
+    assert variants_used([("x", "*训练*时的输入不均衡：`Join` 让批次较少的 rank 参与")], banned) == []

@@ -102,6 +102,10 @@ def test_spawn_bounded_reports_a_failing_child():
     with pytest.raises(SpawnFailed, match="2 of 2 child processes exited with code 3") as info:
         spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
     assert info.value.exit_code == 3
+    from course_utils.i18n import speaking
+
+    with speaking("zh"), pytest.raises(SpawnFailed, match="2 个子进程中有 2 个在 _fail 结束之前退出，退出码 3"):
+        spawn_bounded(_fail, nprocs=2, timeout=60, start_method="fork")
 
 
 @pytest.mark.slow

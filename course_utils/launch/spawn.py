@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..i18n import tr
 from .capacity import check_capacity
 
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
@@ -120,15 +121,19 @@ def spawn_bounded(
             p.join(5)
     codes = [p.exitcode for p in ctx.processes if p.exitcode != 0]
     if late:
-        msg = (
+        msg = tr(
             f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and "
             "were stopped. A process waiting forever (in init_process_group, a collective, ...) "
-            "usually means that another one never joined."
+            "usually means that another one never joined.",
+            f"启动的 {nprocs} 个进程中有 {len(late)} 个没有在 {timeout:g} 秒内结束，已被终止。"
+            "一个进程永远等下去（在 init_process_group、某个集合通信……中），通常说明另一个进程始终没有加入。",
         )
         raise SpawnFailed(msg, None, err.text)
     if codes:
         code, causes = max(set(codes), key=codes.count), error_lines(err.text)
-        msg = f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
-        msg += f"{getattr(fn, '__name__', fn)}. The children's error: "
+        name = getattr(fn, "__name__", fn)
+        msg = tr(f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
+                 f"{name}. The children's error: ",
+                 f"{nprocs} 个子进程中有 {len(codes)} 个在 {name} 结束之前退出，退出码 {code}。子进程的报错：")
         raise SpawnFailed(msg + (causes[-1] if causes else "(no error message)"), code, err.text)
     return len(ctx.processes)
