@@ -74,9 +74,10 @@ def test_make_targets_call_the_task_runner():
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", " "))]
     lanes = [ln for ln in ci if ln.startswith(("make ", "python3 tasks.py"))]
     assert lanes == ["python3 tasks.py test-pythons --pythons 3.12,3.13 --setup-only >\"$pythons_log\" 2>&1 &",
-                     "make test", "python3 tasks.py test-portable --levels default,avx2,one-core",
+                     "make test", "python3 tasks.py test-portable --levels default,avx2,one-core notebooks",
                      "make test-browser", "make test-book", "make test-spawn", "make test-slurm",
-                     "python3 tasks.py test-pythons --pythons 3.12,3.13", "make test-hub"]
+                     'python3 tasks.py test-pythons --pythons 3.12,3.13 -m "not slow" tests notebooks',
+                     "make test-hub"]
 
 
 def test_test_command_is_strict_parallel_nbval():
