@@ -7,11 +7,9 @@ from __future__ import annotations
 import re
 import tomllib
 
-import pytest
+import autocorrect_py as autocorrect  # pinned in requirements.txt
 
 from course_utils import ROOT
-
-autocorrect = pytest.importorskip("autocorrect_py", reason="autocorrect-py is in requirements.txt")
 
 
 def chinese_texts() -> list[tuple[str, str]]:
