@@ -17,7 +17,7 @@ from ..i18n import is_chinese, tr
 from .forms import Incorrect, NotAttempted, kind
 from .time_limit import learners_code
 
-_STUB = ("your code still raises NotImplementedError: fill in its body.",
+STUB = ("your code still raises NotImplementedError: fill in its body.",
          "你的代码仍然抛出 NotImplementedError：请补全函数体。")
 
 
@@ -96,9 +96,11 @@ def outcome(observe: Callable, answer: Any, case: Any, want: dict | None = None,
     except Incorrect as exc:
         facts["incorrect"] = str(exc)
         return facts
+    except NotAttempted:  # the observer found nothing to check yet (an unfinished body run elsewhere)
+        raise
     except NotImplementedError as exc:
         if _is_stub(exc):
-            raise NotAttempted(tr(*_STUB)) from None
+            raise NotAttempted(tr(*STUB)) from None
         facts["error"] = exc  # torch's own (a misspelled forward, a Function without backward): a real error
         return facts
     except (Exception, SystemExit) as exc:
