@@ -140,15 +140,31 @@ def first_diff(got: dict, want: dict, rtol: float, atol: float) -> str | None:
     return extra[0] if extra else None
 
 
+MAX_SAID = 300  # the most characters of an exception's message a verdict quotes
+
+
+def learners_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of `exc`'s traceback that runs the learner's code (``learners_code``: not the
+    standard library, torch, another installed package or the course's own), or None if none does."""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        if learners_code(tb.tb_frame):
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return None
+    return traceback.extract_tb(found, limit=1)[0]
+
+
 def explain_exception(exc: BaseException) -> str:
-    """What the learner's code raised, and on which of its lines."""
-    where = ""
-    for fr in reversed(traceback.extract_tb(exc.__traceback__)):  # the learner's own frame
-        path = fr.filename.replace("\\", "/")
-        if "/course_utils/" not in path and "/torch/" not in path:
-            where = tr(f" (line {fr.lineno}: `{(fr.line or '').strip()}`)", f"（第 {fr.lineno} 行：`{(fr.line or '').strip()}`）")
-            break
+    """What the learner's code raised (its message cut to MAX_SAID characters), and on which of its
+    lines."""
+    where, fr = "", learners_frame(exc)
+    if fr is not None:
+        line = (fr.line or "").strip()
+        line = line if len(line) <= 120 else line[:110] + " ..."
+        where = tr(f" (line {fr.lineno}: `{line}`)", f"（第 {fr.lineno} 行：`{line}`）")
     said = text_of(exc)
+    said = said if len(said) <= MAX_SAID else said[:MAX_SAID] + tr(" ... (cut)", " ……（已截断）")
     return tr(f"your code raised {type(exc).__name__}: {said}{where}. Fix that error first, then check again.",
               f"你的代码抛出了 {type(exc).__name__}: {said}{where}。请先修正这个错误，再检查。")
-
