@@ -151,3 +151,23 @@ def test_the_learners_exception_is_still_theirs_when_raised_through_a_library():
 
     result = _fn_ex().check(learner)
     assert result.status == "incorrect" and "torch.ones(2) @ torch.ones(3)" in result.message
+
+
+def test_a_complex_tensor_is_never_the_same_as_a_real_one():
+    from course_utils.exercises import ch01
+    from course_utils.exercises.compare import same
+
+    real = torch.tensor([1.0, 2.0])
+    assert not same(real + 1j, real, 1e-5, 1e-6) and not same(real, real + 0j, 1e-5, 1e-6)
+    assert same(real + 1j, real + 1j, 1e-5, 1e-6) and not same(real + 1j, real + 2j, 1e-5, 1e-6)
+    result = ch01.q3.check(lambda f, x, v: ch01.hvp(f, x, v) + 1j)
+    assert result.status == "incorrect" and "complex" in result.message, result.message
+
+
+def test_a_learners_huge_exception_message_is_cut():
+    def learner(x):
+        raise ValueError("y" * 5_000_000)
+
+    result = _fn_ex().check(learner)
+    assert result.status == "incorrect" and "ValueError" in result.message
+    assert len(result.message) < 600 and "raise ValueError" in result.message

@@ -25,9 +25,10 @@ def same(a: Any, b: Any, rtol: float, atol: float) -> bool:
     """Whether `a` and `b` are the same answer: numbers and tensors within the tolerance, containers
     item by item, errors by type and text, anything else by type and ``==``."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape or a.numel() > 10**6:
-            return False
-        a, b = a.detach().cpu().double(), b.detach().cpu().double()
+        if a.shape != b.shape or a.numel() > 10**6 or a.is_complex() != b.is_complex():
+            return False  # (a complex tensor cast to real would lose its imaginary part unseen)
+        dtype = torch.complex128 if a.is_complex() else torch.float64
+        a, b = a.detach().cpu().to(dtype), b.detach().cpu().to(dtype)
         return bool(torch.allclose(a, b, rtol=rtol, atol=atol))
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -68,6 +69,13 @@ def tensor_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     if got.shape != want.shape:
         return tr(f"has shape {tuple(got.shape)}, but it should have shape {tuple(want.shape)}",
                   f"的形状是 {tuple(got.shape)}，但应该是 {tuple(want.shape)}")
+    if got.is_complex() != want.is_complex():
+        it, other = ("complex", "real") if got.is_complex() else ("real", "complex")
+        zh = {"complex": "复数", "real": "实数"}
+        return tr(f"is a {it} tensor ({got.dtype}), but it should be {other} ({want.dtype})",
+                  f"是{zh[it]}张量（{got.dtype}），但应该是{zh[other]}张量（{want.dtype}）")
+    if got.is_complex():
+        got, want = torch.view_as_real(got.resolve_conj()), torch.view_as_real(want.resolve_conj())
     diff = torch.nan_to_num((got.double() - want.double()).abs(), nan=float("inf"))
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)) if diff.ndim else ()
     g, w, at = show(got[idx].item(), want[idx].item()), show(want[idx].item(), got[idx].item()), ""
