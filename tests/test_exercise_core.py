@@ -171,3 +171,20 @@ def test_a_learners_huge_exception_message_is_cut():
     result = _fn_ex().check(learner)
     assert result.status == "incorrect" and "ValueError" in result.message
     assert len(result.message) < 600 and "raise ValueError" in result.message
+
+
+def test_switching_language_mid_session_gives_one_language(monkeypatch):
+    """The words are looked up when shown: after COURSE_LANG changes, hint, reason and verdict all follow,
+    both ways, whichever language the exercise was made in."""
+    from course_utils.exercises import ch01
+    from course_utils.exercises.core import _words
+
+    en, zh = _words(ch01.__name__)["Q1"], _words(ch01.__name__, "zh-CN")["Q1"]
+    name, mistake = next(iter(ch01.q3.mistakes.items()))
+    for lang, words in (("zh", zh), ("en", en), ("zh", zh)):
+        monkeypatch.setenv("COURSE_LANG", lang)
+        assert ch01.q1.hint(1).body == words["hints"][0]
+        assert ch01.q1.check(15.0).message.endswith(words["hints"][0])
+        assert ch01.q1.prompt == words["prompt"]
+        reason = (_words(ch01.__name__, "zh-CN") if lang == "zh" else _words(ch01.__name__))["Q3"]["mistakes"][name]
+        assert ch01.q3.check(mistake).message == reason

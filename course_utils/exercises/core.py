@@ -118,20 +118,37 @@ class Exercise(ExerciseView):
     reasons: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        words = _words_of(self.model_answer.__module__, self.name)
-        self.prompt = self.prompt or words.get("prompt", "")
-        self.hints = list(self.hints or words.get("hints", []))
-        self.reasons = self.reasons or words.get("mistakes", {}) or {k: k for k in self.mistakes}
+        # the words given here are kept; the others come from the words file, in the language of the moment
+        self._given = {"prompt": bool(self.prompt), "hints": bool(self.hints), "reasons": bool(self.reasons)}
+        self.hints = list(self.hints)
+        self._lang = None
+        self.words()
         if self.reasons.keys() != self.mistakes.keys() or not self.prompt or not self.hints:
             raise ValueError(
                 f"{self.model_answer.__module__} {self.name}: the words file must give a prompt, "
                 f"hints, and a reason for each mistake {sorted(self.mistakes)}"
             )
 
+    def words(self) -> None:
+        """Prompt, hints and reasons in the course's language now (read again when COURSE_LANG changed
+        since they were last shown: a session that switches language gets one language, not a mix)."""
+        lang = language()
+        if lang == self._lang:
+            return
+        words = _words_of(self.model_answer.__module__, self.name)
+        if not self._given["prompt"]:
+            self.prompt = words.get("prompt", "")
+        if not self._given["hints"]:
+            self.hints = list(words.get("hints", []))
+        if not self._given["reasons"]:
+            self.reasons = dict(words.get("mistakes", {}) or {k: k for k in self.mistakes})
+        self._lang = lang
+
     def judge(self, answer: Any) -> tuple[str, str]:
         """(status, why) of the learner's answer: "correct" (why: ""), "incorrect", "not_attempted", or
         "check_failed" when the checker's own code failed (no line of the learner's code in the
         error: the answer is not to blame). Never raises; returns within about TIME_LIMIT_S seconds."""
+        self.words()
         try:
             if answer is None or answer is Ellipsis or (isinstance(answer, str) and answer == ""):
                 raise NotAttempted(tr(*_PLACEHOLDER))

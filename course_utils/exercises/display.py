@@ -101,6 +101,9 @@ class ExerciseView:
     def judge(self, answer: Any) -> tuple[str, str]:
         raise NotImplementedError
 
+    def words(self) -> None:
+        """Bring ``hints`` (and the other words) to the course's language of the moment."""
+
     def check(self, answer: Any = Ellipsis) -> CheckResult:
         """Check the learner's answer; never raises, returns within about TIME_LIMIT_S seconds."""
         status, message = self.judge(answer)
@@ -117,6 +120,7 @@ class ExerciseView:
 
     def hint(self, number: int | None = None) -> Text:
         """Show the next hint (or hint `number`, counting from 1)."""
+        self.words()
         n = len(self.hints)
         if number is None:
             self.hints_shown = number = min(self.hints_shown + 1, n)
