@@ -116,7 +116,7 @@ def pip_alone_env(base=None):
 
 
 # pip's lines that say nothing of the cause ("See above for output.", "hint: See above for details.", ...)
-_PIP_NOISE = re.compile(r"see above|^\s*(hint|note):|subprocess-exited-with-error|^\s*[|│╰─]+\s*$|^\s*\[end of output\]",
+_PIP_NOISE = re.compile(r"see above|^\s*(hint|note):|subprocess-exited-with-error|^\s*[|│╰─]+\s*$|lines of output\]|^\s*\[end of output\]",
                         re.IGNORECASE)
 
 
