@@ -183,8 +183,8 @@ def test_switching_language_mid_session_gives_one_language(monkeypatch):
     name, mistake = next(iter(ch01.q3.mistakes.items()))
     for lang, words in (("zh", zh), ("en", en), ("zh", zh)):
         monkeypatch.setenv("COURSE_LANG", lang)
+        assert ch01.q1.prompt == words["prompt"]  # read directly too (the instructor's guide does)
         assert ch01.q1.hint(1).body == words["hints"][0]
         assert ch01.q1.check(15.0).message.endswith(words["hints"][0])
-        assert ch01.q1.prompt == words["prompt"]
         reason = (_words(ch01.__name__, "zh-CN") if lang == "zh" else _words(ch01.__name__))["Q3"]["mistakes"][name]
         assert ch01.q3.check(mistake).message == reason

@@ -75,6 +75,9 @@ def variant(solution: Callable[..., Any] | type, *edits: str) -> Any:
 
 
 
+_WORDS = ("prompt", "hints", "reasons")  # an exercise's words, read in the course's language when used
+
+
 class _CheckFailed(Exception):
     """The checker's own code failed (its model answer did): not the learner's answer."""
 
@@ -119,15 +122,21 @@ class Exercise(ExerciseView):
 
     def __post_init__(self) -> None:
         # the words given here are kept; the others come from the words file, in the language of the moment
-        self._given = {"prompt": bool(self.prompt), "hints": bool(self.hints), "reasons": bool(self.reasons)}
-        self.hints = list(self.hints)
+        given = functools.partial(object.__getattribute__, self)
+        self._given = {name: bool(given(name)) for name in _WORDS}
         self._lang = None
+        self.hints = list(given("hints"))
         self.words()
         if self.reasons.keys() != self.mistakes.keys() or not self.prompt or not self.hints:
             raise ValueError(
                 f"{self.model_answer.__module__} {self.name}: the words file must give a prompt, "
                 f"hints, and a reason for each mistake {sorted(self.mistakes)}"
             )
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _WORDS:  # whoever reads them (a check, a hint, the instructor's guide) gets today's language
+            object.__getattribute__(self, "words")()
+        return object.__getattribute__(self, name)
 
     def words(self) -> None:
         """Prompt, hints and reasons in the course's language now (read again when COURSE_LANG changed
