@@ -30,6 +30,7 @@ Works with any Python 3 to print a clear message; the course itself needs 3.11+.
 """
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -114,7 +115,13 @@ def pip_alone_env(base=None):
     return env
 
 
-def _explain_pip_failure(log_text, wheels=None):
+# pip's lines that say nothing of the cause ("See above for output.", "hint: See above for details.", ...)
+_PIP_NOISE = re.compile(r"see above|^\s*(hint|note):|subprocess-exited-with-error|^\s*[|│╰─]+\s*$|lines of output\]|^\s*\[end of output\]",
+                        re.IGNORECASE)
+
+
+def _explain_pip_failure(log_text, wheels=None, log=None):
+    """One paragraph on why pip failed, from its log (`log`: where that log is, to point at it)."""
     if re.search(r"No space left on device|\[Errno 28\]", log_text):
         return ("there is no space left on the disk (pip: \"No space left on device\"). The course's packages "
                 "need about 6 GB (PyTorch is large): free some space, then run the same command again (set-up "
@@ -142,8 +149,11 @@ def _explain_pip_failure(log_text, wheels=None):
             "(or the index lacks a pinned version). Connect to the internet or set "
             "PIP_INDEX_URL to a mirror, then run the same command again."
         )
-    last = [ln for ln in log_text.strip().splitlines() if ln.strip()][-3:]
-    return "installing the pinned packages failed: " + " | ".join(last)
+    lines = [ln.strip() for ln in log_text.strip().splitlines() if ln.strip()]
+    last = [ln for ln in lines if not _PIP_NOISE.search(ln)][-3:] or lines[-1:]
+    where = (" pip's whole output is in %s." % shown_path(log)) if log is not None else ""
+    said = " | ".join(last)
+    return "installing the pinned packages failed: " + said + ("" if said.endswith((".", "!", "?")) else ".") + where
 
 
 def _has_pip(py):
@@ -208,6 +218,11 @@ def ensure_venv(quiet=False, venv=None, base=None, wheels=None, pip_env=None):
             return _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env)
     except KeyboardInterrupt:
         _interrupted(venv)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        die("cannot write in %s (%s): the course folder is read-only for you; copy it somewhere you can write "
+            "(your home folder), then run this again there." % (venv.parent, exc.strerror or exc))
 
 
 @contextlib.contextmanager
@@ -245,7 +260,9 @@ def _make_venv(venv, py, stamp, mark, want, base, wheels, pip_env):
             print("%s: finishing a set-up that was interrupted after its packages were installed ..." % venv.name,
                   flush=True)
             return _finish_venv(venv, py, stamp, mark, want, time.time())
-        if mark.exists():
+        if mark.exists() and mark.read_text().startswith("failed"):
+            why = "its last set-up failed: pip could not install the packages, as it said then"
+        elif mark.exists():
             why = "its set-up was interrupted"
         elif not (py.exists() and _has_pip(py)):
             why = "it has no working Python with pip: a set-up interrupted in its first seconds?"
@@ -300,7 +317,8 @@ def _fill_venv(venv, py, stamp, mark, want, wheels, pip_env):
                     "the same command again (set-up starts over)." % (PIP_TIMEOUT // 60, venv.name))
             if r.returncode != 0:
                 fh.flush()
-                die(_explain_pip_failure(log.read_text(errors="replace"), wheels))
+                mark.write_text("failed %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))  # not interrupted: said so next time
+                die(_explain_pip_failure(log.read_text(errors="replace"), wheels, log))
     mark.write_text("installed %s\n" % want)  # interrupted from here on, the packages need not be made again
     return _finish_venv(venv, py, stamp, mark, want, t0)
 
@@ -862,7 +880,7 @@ def ensure_book_venv():
         r = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-r",
                             str(BOOK_REQUIREMENTS)], stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT))
     if r.returncode != 0:
-        die(_explain_pip_failure(log.read_text(errors="replace")))
+        die(_explain_pip_failure(log.read_text(errors="replace"), log=log))
     stamp.write_text(want + "\n")
     return py
 

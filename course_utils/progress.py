@@ -53,8 +53,10 @@ def progress_file() -> Path:
 
 
 def flag_file() -> Path:
-    """The setting that ``--enable`` writes and ``--disable`` removes, beside the progress file."""
-    return progress_file().with_suffix(".enabled")
+    """The setting that ``--enable`` writes and ``--disable`` removes, beside the progress file (in it,
+    if $COURSE_PROGRESS_FILE names a folder such as ``.`` or ``/``: never an error)."""
+    path = progress_file()
+    return path.with_suffix(".enabled") if path.name else path / "progress.enabled"
 
 
 def recording() -> tuple[bool, str]:
@@ -296,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     if o.yes and not o.reset:
         parser.error("--yes confirms --reset; use them together")
     path, flag = progress_file(), flag_file()
+    if not path.name or path.is_dir():
+        print(tr(f"error: {ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} names a folder, not a file: name a "
+                 f"file for your progress (such as ~/progress.jsonl), or unset {ENV_FILE} to use the usual one.",
+                 f"错误：{ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} 指向的是一个文件夹，而不是文件："
+                 f"请指定一个保存进度的文件（例如 ~/progress.jsonl），或者取消设置 {ENV_FILE}，使用默认文件。"),
+              file=sys.stderr)
+        return 2
     try:
         if o.enable:
             flag.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -544,3 +544,25 @@ def test_a_worker_reading_a_list_copies_it_and_reading_an_array_does_not():
         return
     assert grown > 20  # about 28 MiB of int objects, touched by reading them
     assert L.worker_copy_mib(np.arange(1_000_000)) < 5
+
+
+@pytest.mark.parametrize("edition", ["notebooks", "notebooks-zh"])
+def test_the_notebooks_cleanup_cell_can_be_run_twice(edition, tmp_path):
+    """Section 5's cleanup cell (which removes the stream's and the records' folders) run again, as a
+    learner re-running cells does: no FileNotFoundError the second time."""
+    import json
+    import shutil
+
+    from course_utils import ROOT
+
+    cells = json.loads((ROOT / edition / "03_data_loading.ipynb").read_text(encoding="utf-8"))["cells"]
+    source = "".join(next(c for c in cells if c.get("id") == "6f8bfff7")["source"])
+    assert "shutil.rmtree(stream_dir" in source
+    stream_dir, records_dir = tmp_path / "stream", tmp_path / "records"
+    for folder in (stream_dir, records_dir):
+        folder.mkdir()
+        (folder / "a.txt").write_text("x")
+    namespace = {"shutil": shutil, "stream_dir": stream_dir, "records_dir": records_dir}
+    for _ in range(2):
+        exec(compile(source, "cleanup cell", "exec"), namespace)
+    assert not stream_dir.exists() and not records_dir.exists()

@@ -480,8 +480,9 @@ def _wrong_answers():
          "[Q3] Incorrect: your count should be a whole number, but it is 3.5."),
         (ch04.q1, "0 3", "[Q1] 不正确：你的答案应该是一个由整数组成的列表，但它是一个字符串。",
          "[Q1] Incorrect: your answer should be a list of whole numbers, but it is a str."),
-        (ch06.q3, lambda model, x, y: 0.5, "[Q3] 不正确：对于种子为 1 的模型和数据，准确率是 0.5000，但应该是 0.3750。",
-         "[Q3] Incorrect: For the model and data of seed 1, the accuracy is 0.5000, but it should be 0.3750."),
+        (ch06.q3, lambda model, x, y: 0.5, "[Q3] 不正确：对于种子为 1 的模型和数据，调用 evaluate 时模型处于训练模式、梯度模式开启，准确率是 0.5000，但应该是 0.3750。",
+         "[Q3] Incorrect: For the model and data of seed 1, the model in train mode and grad mode on when evaluate "
+         "is called, the accuracy is 0.5000, but it should be 0.3750."),
         (ch06.q4, lambda *args: None, "[Q4] 不正确：make_loader 应该返回一个 DataLoader，而不是 None。",
          "[Q4] Incorrect: make_loader should return a DataLoader, not a NoneType."),
         (ch06.q2, 3, "[Q2] 不正确：请传入函数本身，`q2.check(accumulate_step)`（不要调用它），而不是一个整数。",

@@ -295,3 +295,17 @@ def test_the_table_and_messages_in_chinese_stay_aligned(private_file, monkeypatc
     total = sum(len(names) for names in progress.chapters().values())
     assert f"合计：共 {total} 道练习，已完成 0 道，已尝试 0 道，尚未作答 {total} 道" in out
     assert "只保存在这台电脑上" in out and "进度记录已关闭" in out
+
+
+@pytest.mark.parametrize("where", [".", "/", "folder"])
+def test_a_progress_file_that_is_a_folder_is_refused_with_a_message(where, tmp_path, monkeypatch, capsys):
+    """COURSE_PROGRESS_FILE=. or / (no file name) or an existing folder: a clear message, no traceback,
+    and recording (which reads the flag beside it) never raises either."""
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(tmp_path) if where == "folder" else where)
+    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
+    for argv in (["--enable"], ["--disable"], []):
+        assert progress.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "names a folder, not a file" in err and "COURSE_PROGRESS_FILE" in err, err
+    assert progress.recording()[0] is False
+    assert progress.record("ch01", "Q1", "correct") is False

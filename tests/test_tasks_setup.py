@@ -305,3 +305,59 @@ def test_interrupted_after_the_packages_only_the_last_steps_are_done_again(scrat
     assert "finishing a set-up" in capsys.readouterr().out
     assert (tasks.VENV / ".course-stamp").read_text().strip() == tasks.stamp_value()
     assert not (tasks.VENV / tasks.SETUP_MARK).exists()
+
+
+def test_a_read_only_course_folder_says_so_in_one_sentence(scratch, monkeypatch, capsys):
+    """The course folder mounted read-only: one clear sentence, no traceback."""
+    import errno
+
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(".setup-lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(SystemExit) as info:
+        tasks.ensure_venv()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "read-only" in err and "copy it somewhere you can write" in err, err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+_PIP_FAILED = """Collecting broken-package==1.0
+  error: subprocess-exited-with-error
+
+  × python setup.py egg_info did not run successfully.
+  │ exit code: 1
+  ╰─> [1 lines of output]
+      ModuleNotFoundError: No module named 'distutils'
+      [end of output]
+
+  note: This error originates from a subprocess, and is likely not a problem with pip.
+error: metadata-generation-failed
+See above for output.
+hint: See above for details.
+"""
+
+
+def test_a_failed_install_points_at_the_log_and_is_not_called_interrupted_next_time(scratch, monkeypatch, capsys):
+    answered = subprocess.run  # the scratch fixture's: success for everything
+
+    def pip_fails(cmd, **kw):
+        if "install" in cmd and "-r" in cmd:
+            kw["stdout"].write(_PIP_FAILED)
+            return subprocess.CompletedProcess(cmd, 1)
+        return answered(cmd, **kw)
+
+    monkeypatch.setattr(subprocess, "run", pip_fails)
+    with pytest.raises(SystemExit):
+        tasks.ensure_venv()
+    err = capsys.readouterr().err
+    assert "pip-install.log" in err and "See above" not in err and "hint:" not in err, err
+    assert "ModuleNotFoundError: No module named 'distutils'" in err and "lines of output" not in err, err
+    monkeypatch.setattr(subprocess, "run", answered)
+    tasks.ensure_venv()
+    out = capsys.readouterr().out
+    assert "was left incomplete" in out and "failed" in out and "interrupted" not in out, out

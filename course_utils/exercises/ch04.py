@@ -15,7 +15,8 @@ from torch.utils.data import DistributedSampler
 from ..data import sampler_indices
 from ..i18n import tr
 from . import core
-from .core import Exercise, Incorrect, as_ints, as_number, take, variant
+from .compare import STUB
+from .core import Exercise, Incorrect, NotAttempted, as_ints, as_number, take, variant
 
 
 def answer_q1():
@@ -123,9 +124,10 @@ def run(code, defaults, world, group):
         try:
             got = fn(t.clone())
         except (Exception, SystemExit) as exc:
-            line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
-                         if f.filename == fn.__code__.co_filename), None)
-            return {"calls": calls, "error": (type(exc).__name__, str(exc).strip().splitlines()[:1], line)}
+            frames = traceback.extract_tb(exc.__traceback__)
+            line = next((f.lineno for f in reversed(frames) if f.filename == fn.__code__.co_filename), None)
+            own = bool(frames) and frames[-1].filename == fn.__code__.co_filename  # raised by the answer itself
+            return {"calls": calls, "error": (type(exc).__name__, str(exc).strip().splitlines()[:1], line, own)}
         sent.append([f"{n}/{t.numel()}" if n is not None else "?" for n in view.sent])
         if not isinstance(got, torch.Tensor):
             out.append(type(got).__name__)
@@ -232,10 +234,10 @@ def _two_step_facts(fn, world):
     found = found[world]
     for rank, rec in enumerate(found):
         if rec["error"] is not None:
-            kind, text, line = rec["error"]
-            if kind == "NotImplementedError":
-                raise NotImplementedError
+            kind, text, line, own = rec["error"]
             code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
+            if kind == "NotImplementedError" and own and (code.startswith("raise") if code else not text):
+                raise NotAttempted(tr(*STUB))  # the learner's unfinished body, as compare._is_stub judges it
             where = tr(f" (line {line}: `{code}`)", f"（第 {line} 行：`{code}`）") if code else ""
             raise Incorrect(tr(
                 f"on {world} ranks, your function raised {kind}: {' '.join(text)} on rank {rank}{where}.",

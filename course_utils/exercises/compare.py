@@ -17,7 +17,7 @@ from ..i18n import is_chinese, tr
 from .forms import Incorrect, NotAttempted, kind
 from .time_limit import learners_code
 
-_STUB = ("your code still raises NotImplementedError: fill in its body.",
+STUB = ("your code still raises NotImplementedError: fill in its body.",
          "你的代码仍然抛出 NotImplementedError：请补全函数体。")
 
 
@@ -25,9 +25,10 @@ def same(a: Any, b: Any, rtol: float, atol: float) -> bool:
     """Whether `a` and `b` are the same answer: numbers and tensors within the tolerance, containers
     item by item, errors by type and text, anything else by type and ``==``."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape or a.numel() > 10**6:
-            return False
-        a, b = a.detach().cpu().double(), b.detach().cpu().double()
+        if a.shape != b.shape or a.numel() > 10**6 or a.is_complex() != b.is_complex():
+            return False  # (a complex tensor cast to real would lose its imaginary part unseen)
+        dtype = torch.complex128 if a.is_complex() else torch.float64
+        a, b = a.detach().cpu().to(dtype), b.detach().cpu().to(dtype)
         return bool(torch.allclose(a, b, rtol=rtol, atol=atol))
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -68,6 +69,13 @@ def tensor_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     if got.shape != want.shape:
         return tr(f"has shape {tuple(got.shape)}, but it should have shape {tuple(want.shape)}",
                   f"的形状是 {tuple(got.shape)}，但应该是 {tuple(want.shape)}")
+    if got.is_complex() != want.is_complex():
+        it, other = ("complex", "real") if got.is_complex() else ("real", "complex")
+        zh = {"complex": "复数", "real": "实数"}
+        return tr(f"is a {it} tensor ({got.dtype}), but it should be {other} ({want.dtype})",
+                  f"是{zh[it]}张量（{got.dtype}），但应该是{zh[other]}张量（{want.dtype}）")
+    if got.is_complex():
+        got, want = torch.view_as_real(got.resolve_conj()), torch.view_as_real(want.resolve_conj())
     diff = torch.nan_to_num((got.double() - want.double()).abs(), nan=float("inf"))
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)) if diff.ndim else ()
     g, w, at = show(got[idx].item(), want[idx].item()), show(want[idx].item(), got[idx].item()), ""
@@ -96,9 +104,11 @@ def outcome(observe: Callable, answer: Any, case: Any, want: dict | None = None,
     except Incorrect as exc:
         facts["incorrect"] = str(exc)
         return facts
+    except NotAttempted:  # the observer found nothing to check yet (an unfinished body run elsewhere)
+        raise
     except NotImplementedError as exc:
         if _is_stub(exc):
-            raise NotAttempted(tr(*_STUB)) from None
+            raise NotAttempted(tr(*STUB)) from None
         facts["error"] = exc  # torch's own (a misspelled forward, a Function without backward): a real error
         return facts
     except (Exception, SystemExit) as exc:
@@ -138,15 +148,31 @@ def first_diff(got: dict, want: dict, rtol: float, atol: float) -> str | None:
     return extra[0] if extra else None
 
 
+MAX_SAID = 300  # the most characters of an exception's message a verdict quotes
+
+
+def learners_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of `exc`'s traceback that runs the learner's code (``learners_code``: not the
+    standard library, torch, another installed package or the course's own), or None if none does."""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        if learners_code(tb.tb_frame):
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return None
+    return traceback.extract_tb(found, limit=1)[0]
+
+
 def explain_exception(exc: BaseException) -> str:
-    """What the learner's code raised, and on which of its lines."""
-    where = ""
-    for fr in reversed(traceback.extract_tb(exc.__traceback__)):  # the learner's own frame
-        path = fr.filename.replace("\\", "/")
-        if "/course_utils/" not in path and "/torch/" not in path:
-            where = tr(f" (line {fr.lineno}: `{(fr.line or '').strip()}`)", f"（第 {fr.lineno} 行：`{(fr.line or '').strip()}`）")
-            break
+    """What the learner's code raised (its message cut to MAX_SAID characters), and on which of its
+    lines."""
+    where, fr = "", learners_frame(exc)
+    if fr is not None:
+        line = (fr.line or "").strip()
+        line = line if len(line) <= 120 else line[:110] + " ..."
+        where = tr(f" (line {fr.lineno}: `{line}`)", f"（第 {fr.lineno} 行：`{line}`）")
     said = text_of(exc)
+    said = said if len(said) <= MAX_SAID else said[:MAX_SAID] + tr(" ... (cut)", " ……（已截断）")
     return tr(f"your code raised {type(exc).__name__}: {said}{where}. Fix that error first, then check again.",
               f"你的代码抛出了 {type(exc).__name__}: {said}{where}。请先修正这个错误，再检查。")
-

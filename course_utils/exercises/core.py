@@ -20,7 +20,17 @@ from typing import Any
 import torch
 
 from ..i18n import language, spaced, tr
-from .compare import explain_exception, first_diff, outcome, same, show, tensor_diff
+from .compare import (
+    MAX_SAID,
+    explain_exception,
+    first_diff,
+    learners_frame,
+    outcome,
+    same,
+    show,
+    tensor_diff,
+    text_of,
+)
 from .display import CheckResult, ExerciseView, Text
 from .forms import (
     MAX_ITEMS,
@@ -43,6 +53,10 @@ __all__ = [
 ]
 
 TIME_LIMIT_S = 5.0  # the longest a check may take, learner's code included
+_CHECK_FAILED = ("the check itself failed ({}), not your answer: restart the kernel (Kernel > Restart), "
+                 "run the cells again, then check again. If it fails again after a restart, please report it.",
+                 "检查程序本身出错了（{}），不是你的答案的问题：请重启内核（Kernel > Restart），"
+                 "重新运行各个单元格，然后再检查。如果重启后仍然出错，请报告这个问题。")
 _PLACEHOLDER = ("replace the `...` placeholder with your answer, then run this cell again.",
                 "请把占位符 `...` 换成你的答案，然后重新运行这个单元格。")
 
@@ -59,6 +73,13 @@ def variant(solution: Callable[..., Any] | type, *edits: str) -> Any:
     exec(compile(src, f"<{solution.__name__}, with a mistake>", "exec"), namespace)
     return namespace[solution.__name__]
 
+
+
+_WORDS = ("prompt", "hints", "reasons")  # an exercise's words, read in the course's language when used
+
+
+class _CheckFailed(Exception):
+    """The checker's own code failed (its model answer did): not the learner's answer."""
 
 
 @functools.cache
@@ -100,19 +121,43 @@ class Exercise(ExerciseView):
     reasons: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        words = _words_of(self.model_answer.__module__, self.name)
-        self.prompt = self.prompt or words.get("prompt", "")
-        self.hints = list(self.hints or words.get("hints", []))
-        self.reasons = self.reasons or words.get("mistakes", {}) or {k: k for k in self.mistakes}
+        # the words given here are kept; the others come from the words file, in the language of the moment
+        given = functools.partial(object.__getattribute__, self)
+        self._given = {name: bool(given(name)) for name in _WORDS}
+        self._lang = None
+        self.hints = list(given("hints"))
+        self.words()
         if self.reasons.keys() != self.mistakes.keys() or not self.prompt or not self.hints:
             raise ValueError(
                 f"{self.model_answer.__module__} {self.name}: the words file must give a prompt, "
                 f"hints, and a reason for each mistake {sorted(self.mistakes)}"
             )
 
+    def __getattribute__(self, name: str) -> Any:
+        if name in _WORDS:  # whoever reads them (a check, a hint, the instructor's guide) gets today's language
+            object.__getattribute__(self, "words")()
+        return object.__getattribute__(self, name)
+
+    def words(self) -> None:
+        """Prompt, hints and reasons in the course's language now (read again when COURSE_LANG changed
+        since they were last shown: a session that switches language gets one language, not a mix)."""
+        lang = language()
+        if lang == self._lang:
+            return
+        words = _words_of(self.model_answer.__module__, self.name)
+        if not self._given["prompt"]:
+            self.prompt = words.get("prompt", "")
+        if not self._given["hints"]:
+            self.hints = list(words.get("hints", []))
+        if not self._given["reasons"]:
+            self.reasons = dict(words.get("mistakes", {}) or {k: k for k in self.mistakes})
+        self._lang = lang
+
     def judge(self, answer: Any) -> tuple[str, str]:
-        """(status, why) of the learner's answer: "correct" (why: ""), "incorrect" or
-        "not_attempted". Never raises; returns within about TIME_LIMIT_S seconds."""
+        """(status, why) of the learner's answer: "correct" (why: ""), "incorrect", "not_attempted", or
+        "check_failed" when the checker's own code failed (no line of the learner's code in the
+        error: the answer is not to blame). Never raises; returns within about TIME_LIMIT_S seconds."""
+        self.words()
         try:
             if answer is None or answer is Ellipsis or (isinstance(answer, str) and answer == ""):
                 raise NotAttempted(tr(*_PLACEHOLDER))
@@ -132,8 +177,13 @@ class Exercise(ExerciseView):
                 f"你的代码没有在 {limit:g} 秒内结束（无限循环、sleep，还是无尽的迭代器？）。"
                 "让它能够结束，然后再检查。",
             )
+        except _CheckFailed as exc:
+            return "check_failed", tr(*_CHECK_FAILED).format(exc)
         except (Exception, SystemExit) as exc:  # a check must never crash the notebook
-            return "incorrect", explain_exception(exc)
+            if learners_frame(exc) is not None:
+                return "incorrect", explain_exception(exc)
+            said = f"{type(exc).__name__}: {text_of(exc)}"
+            return "check_failed", tr(*_CHECK_FAILED).format(said if len(said) <= MAX_SAID else said[:MAX_SAID] + " ...")
 
     def reference(self) -> Any:
         """A correct answer, as a learner would pass it."""
@@ -158,10 +208,9 @@ class Exercise(ExerciseView):
         budget, tol = TIME_LIMIT_S + self.extra_time_s, self.tol
         for i in range(len(self.cases())):
             want = outcome(self.observe, self.reference(), self._case(i))
-            if "error" in want or "incorrect" in want:
-                why = tr(f"the checker itself failed on its model answer ({str(want)[:300]}); please report it.",
-                         f"检查程序在它自己的参考答案上出错了（{str(want)[:300]}）；请报告这个问题。")
-                raise Incorrect(why)
+            if "error" in want or "incorrect" in want:  # (a kernel left broken, or a bug of the checker)
+                raise _CheckFailed(tr(f"on its model answer: {str(want)[:MAX_SAID]}",
+                                      f"在它自己的参考答案上：{str(want)[:MAX_SAID]}"))
             mine = copy_answer(answer) if self.form == "value" else answer
             observe = functools.partial(outcome, self.observe, mine, self._case(i), want, tol)
             got, used = bounded(observe, max(budget, 0.01))

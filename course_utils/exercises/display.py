@@ -18,8 +18,9 @@ _STYLE = {
     "correct": ("Correct", "#1b7f3a", "#e8f5ec"),
     "incorrect": ("Incorrect", "#b3261e", "#fdecea"),
     "not_attempted": ("Not attempted yet", "#6b5900", "#fff8e1"),
+    "check_failed": ("The check failed", "#4a4a4a", "#f0f0f0"),  # the checker's fault: not recorded
 }
-_LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答"}
+_LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答", "check_failed": "检查出错"}
 _TITLE_ZH = {"Practice": "练习"}  # an exercise's name as the Chinese edition shows it (Q1... stay)
 
 
@@ -37,7 +38,7 @@ class CheckResult:
     """What a check found. Prints as plain text, shows as a coloured box in Jupyter."""
 
     exercise: str
-    status: str  # "correct" | "incorrect" | "not_attempted"
+    status: str  # "correct" | "incorrect" | "not_attempted" | "check_failed"
     message: str
 
     def __bool__(self) -> bool:
@@ -78,8 +79,10 @@ class Text:
 
 def record_progress(chapter: str, exercise: str, status: str) -> None:
     """The first hook: the check saved on this computer, when the learner turned recording on
-    (``progress.record`` never raises)."""
-    progress.record(chapter, exercise, status)
+    (``progress.record`` never raises). A check that failed itself says nothing of the learner's
+    answer: it is not recorded."""
+    if status in progress.STATUSES:
+        progress.record(chapter, exercise, status)
 
 
 # Called after every check with (chapter "ch01", exercise "Q1", status); a hook that fails is ignored.
@@ -98,6 +101,9 @@ class ExerciseView:
     def judge(self, answer: Any) -> tuple[str, str]:
         raise NotImplementedError
 
+    def words(self) -> None:
+        """Bring ``hints`` (and the other words) to the course's language of the moment."""
+
     def check(self, answer: Any = Ellipsis) -> CheckResult:
         """Check the learner's answer; never raises, returns within about TIME_LIMIT_S seconds."""
         status, message = self.judge(answer)
@@ -114,6 +120,7 @@ class ExerciseView:
 
     def hint(self, number: int | None = None) -> Text:
         """Show the next hint (or hint `number`, counting from 1)."""
+        self.words()
         n = len(self.hints)
         if number is None:
             self.hints_shown = number = min(self.hints_shown + 1, n)

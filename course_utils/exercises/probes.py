@@ -27,6 +27,13 @@ class _Counter(TorchDispatchMode):
         self.ops = 0
         self.largest = 0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # False: TorchDispatchMode then leaves __torch_dispatch__ unwrapped by torch._disable_dynamo, whose
+        # first call imports torch._dynamo (sympy: seconds, and an import a kernel interrupt leaves half
+        # done, breaking every later check). Nothing here is ever compiled.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self.ops += 1
@@ -47,8 +54,7 @@ class OpCount:
 @contextlib.contextmanager
 def counting_ops() -> Iterator[OpCount]:
     """Count the tensor operations run inside the block (forward, backward and double backward alike)
-    and the size of the largest tensor made; the counts are filled in when the block ends. The first
-    use in a process imports part of torch._dynamo (about 2 s): run the model answer first, unbounded."""
+    and the size of the largest tensor made; the counts are filled in when the block ends."""
     counter, seen = _Counter(), OpCount()
     try:
         with counter:

@@ -30,19 +30,31 @@ def _cwd() -> str | None:
         return None
 
 
+def _determinism() -> tuple[bool, bool]:
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def _set_determinism(saved: tuple[bool, bool]) -> None:
+    """Deterministic algorithms and their warn_only back as `saved`, only if they changed:
+    ``torch.use_deterministic_algorithms`` imports ``torch._inductor.config`` (dynamo, sympy: seconds
+    the first time, and an import an interrupt would leave half done)."""
+    if _determinism() != saved:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+
+
 @contextlib.contextmanager
 def untouched() -> Iterator[None]:
     """Run with grad mode on, no inference mode, float32 tensors on the CPU by default, as a fresh kernel;
     then restore what the block may have changed, the learner's settings before it included: the torch
     (CUDA, MPS), numpy and ``random`` generators, grad mode, the default dtype and device, the thread
-    count, anomaly detection, deterministic algorithms, the working directory and ``sys.stdout``/``stderr``."""
+    count, anomaly detection, deterministic algorithms (and their warn_only), the working directory and ``sys.stdout``/``stderr``."""
     state = [(torch.get_rng_state, torch.set_rng_state), (np.random.get_state, np.random.set_state)]
     state += [(random.getstate, random.setstate), (torch.is_grad_enabled, torch.set_grad_enabled)]
     state += [(torch.get_default_dtype, torch.set_default_dtype)]
     state += [(torch.get_default_device, _set_default_device)]
     state += [(torch.get_num_threads, torch.set_num_threads)]
     state += [(torch.is_anomaly_enabled, torch.set_anomaly_enabled)]
-    state += [(torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms)]
+    state += [(_determinism, _set_determinism)]
     state += [(_cwd, _chdir)]
     state += [(lambda: (sys.stdout, sys.stderr), lambda streams: setattr(sys, "stdout", streams[0])
                or setattr(sys, "stderr", streams[1]))]
@@ -57,5 +69,11 @@ def untouched() -> Iterator[None]:
         with torch.inference_mode(False), torch.enable_grad():
             yield
     finally:
-        for restore, value in saved:
-            restore(value)
+        failed = None
+        for restore, value in saved:  # every one, even after one fails (or is interrupted)
+            try:
+                restore(value)
+            except BaseException as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
