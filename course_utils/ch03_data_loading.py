@@ -293,13 +293,14 @@ class ShardedDigitsStream(NaiveDigitsStream):
 
 
 def delivery_counts(indices: Sequence[int] | torch.Tensor, n: int) -> dict[str, int]:
-    """How items ``0..n-1`` were delivered: total, distinct, duplicated, missing."""
+    """How items ``0..n-1`` were delivered: total, distinct, duplicated, missing (the keys in the
+    course's language: ``送达``, ``不同的``, ``重复的``, ``缺失的`` in Chinese)."""
     seen = Counter(torch.as_tensor(indices).tolist())
     return {
-        "delivered": sum(seen.values()),
-        "distinct": len(seen),
-        "duplicated": sum(1 for c in seen.values() if c > 1),
-        "missing": sum(1 for i in range(n) if i not in seen),
+        tr("delivered", "送达"): sum(seen.values()),
+        tr("distinct", "不同的"): len(seen),
+        tr("duplicated", "重复的"): sum(1 for c in seen.values() if c > 1),
+        tr("missing", "缺失的"): sum(1 for i in range(n) if i not in seen),
     }
 
 

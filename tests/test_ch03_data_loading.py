@@ -160,6 +160,13 @@ def test_delivery_counts():
     assert L.delivery_counts(torch.tensor([1, 0]), 2)["missing"] == 0
 
 
+def test_delivery_counts_speak_the_course_language():
+    with speaking("en"):
+        assert list(L.delivery_counts([0, 0], 2)) == ["delivered", "distinct", "duplicated", "missing"]
+    with speaking("zh"):
+        assert L.delivery_counts([0, 0], 2) == {"送达": 2, "不同的": 1, "重复的": 1, "缺失的": 1}
+
+
 # ----------------------------------------------------------------- workers
 
 
