@@ -264,16 +264,16 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
     )
     fig.tight_layout()
 
-    def visits(sep: str, word: str) -> str:
-        return sep.join(f"{title}: " + ", ".join(f"epoch {e} rank {r} {word} {o[e][r]}" for e in range(epochs)
-                                                for r in range(world_size)) for title, o in orders.items())
+    def visits(sep: str, word: str, colon: str = ": ", comma: str = ", ") -> str:
+        return sep.join(f"{title}{colon}" + comma.join(f"epoch {e} rank {r} {word} {o[e][r]}" for e in range(epochs)
+                                                       for r in range(world_size)) for title, o in orders.items())
     return describe_figure(
         fig,
         f"{len(orders)} grids, one per way of building the loaders, with a row per epoch and rank and a column "
         f"per sample; a numbered cell is a sample that rank visits, the number its position. The samples "
         f"each rank visits, in order: {visits('; ', 'visits')}.",
         f"{len(orders)} 个网格，每种构建加载器的方式一个：每个 epoch 的每个 rank 一行，每个样本一列；"
-        f"带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank 按顺序访问的样本：{visits('；', '访问')}。")
+        f"带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank 按顺序访问的样本：{visits('；', '访问', '：', '，')}。")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,10 +374,19 @@ def make_untrusted_checkpoint(folder: str | os.PathLike) -> tuple[Path, Path]:
     return path, marker
 
 
+class _SourceNames:
+    """:attr:`AugmentDataset.SOURCES`: the names of its random sources, in the course's language when read."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> tuple[str, ...]:
+        return (tr("torch", "torch 全局生成器"), tr("random", "random 全局生成器"),
+                tr("numpy global", "NumPy 全局生成器"),
+                tr("numpy Generator from __init__", "在 __init__ 中创建的 NumPy Generator"))
+
+
 class AugmentDataset(Dataset):
     """Per item, one "random augmentation" from each RNG a dataset might use."""
 
-    SOURCES = ("torch", "random", "numpy global", "numpy Generator from __init__")
+    SOURCES = _SourceNames()  # the order of each item's draws
 
     def __init__(self, n: int = 8, seed: int = 0) -> None:
         self.n = n

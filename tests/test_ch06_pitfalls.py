@@ -17,6 +17,8 @@ from torch.utils.data import DataLoader
 from course_utils import ROOT
 from course_utils import ch06_pitfalls as pitfalls
 from course_utils.data import reseed_rng, sampler_indices
+from course_utils.figures import alt_text
+from course_utils.i18n import speaking, text_width
 from course_utils.launch import SpawnFailed, spawn_bounded
 from course_utils.models import MLP
 
@@ -109,6 +111,11 @@ def test_sampler_figure():
     orders = {f"epoch {e}": [sampler_indices(8, 2, epoch=e)] * 2 for e in range(3)}
     fig = pitfalls.sampler_figure(orders)
     assert [ax.get_title() for ax in fig.axes] == list(orders)
+    assert alt_text(fig).count("epoch 0: epoch 0 rank 0 visits [") == 1
+    plt.close(fig)
+    with speaking("zh"):
+        fig = pitfalls.sampler_figure(orders)
+    assert "epoch 0：epoch 0 rank 0 访问 [" in alt_text(fig) and ", epoch" not in alt_text(fig)
     plt.close(fig)
 
 
@@ -168,6 +175,16 @@ def test_augment_dataset_in_workers_and_reseed_rng():
     assert fixed[0][0][3] != fixed[0][1][3] and fixed[0][0][3] != fixed[1][0][3]
     ds = pitfalls.AugmentDataset(4)
     assert ds[0].shape == (4,) and ds[0].dtype == torch.float64 and len(ds.SOURCES) == 4
+
+
+def test_augment_sources_speak_the_course_language():
+    with speaking("en"):
+        assert pitfalls.AugmentDataset.SOURCES == ("torch", "random", "numpy global", "numpy Generator from __init__")
+        assert pitfalls.AugmentDataset(2).SOURCES == pitfalls.AugmentDataset.SOURCES
+    with speaking("zh"):
+        names = pitfalls.AugmentDataset.SOURCES
+    assert names[2] == "NumPy 全局生成器" and names[3] == "在 __init__ 中创建的 NumPy Generator"
+    assert len({text_width(name) - len(name) for name in names}) == 1  # same Chinese width: a table lines up
 
 
 # ----------------------------------------------------------------------------- switchboard
