@@ -272,13 +272,30 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 #: How each scheme re-draws a Linear's weight (the bias is then zeroed); None: reset_parameters().
-INIT_SCHEMES: dict[str, Callable[[Tensor], Any] | None] = {
+#: ``INIT_SCHEMES`` (below) is this table with the names in the course's language.
+_INIT_SCHEMES: dict[str, Callable[[Tensor], Any] | None] = {
     "PyTorch default": None,
     "normal(0, 1)": partial(nn.init.normal_, std=1.0),
     "normal(0, 0.01)": partial(nn.init.normal_, std=0.01),
     "Xavier (Glorot)": nn.init.xavier_normal_,
     "Kaiming (He)": partial(nn.init.kaiming_normal_, nonlinearity="relu"),
 }
+
+
+def _default_names() -> tuple[str, str]:
+    return "PyTorch default", "PyTorch 默认"
+
+
+def scheme_name(scheme: str) -> str:
+    """An initialisation scheme's name in the course's language (``PyTorch default`` is ``PyTorch 默认``
+    in Chinese; the others are formulas); the name of either language is accepted."""
+    return tr(*_default_names()) if scheme in _default_names() else scheme
+
+
+def __getattr__(name: str) -> Any:
+    if name == "INIT_SCHEMES":  # read when used: the names in the course's language (``scheme_name``)
+        return {scheme_name(key): init for key, init in _INIT_SCHEMES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def activation_scale_vs_depth(scheme: str, activation: str, depth: int = 20, width: int = 256) -> list[float]:
@@ -295,7 +312,10 @@ def activation_scale_vs_depth(scheme: str, activation: str, depth: int = 20, wid
         net = nn.Sequential()
         for _ in range(depth):
             net.extend([nn.Linear(width, width), ACTIVATIONS[activation]()])
-        init = INIT_SCHEMES[scheme]
+        english = "PyTorch default" if scheme in _default_names() else scheme
+        if english not in _INIT_SCHEMES:
+            raise ValueError(f"unknown initialisation scheme {scheme!r}: one of {list(_INIT_SCHEMES)}")
+        init = _INIT_SCHEMES[english]
         for linear in net[::2]:
             if init is None:
                 linear.reset_parameters()
@@ -312,6 +332,10 @@ def activation_scale_vs_depth(scheme: str, activation: str, depth: int = 20, wid
     return stds
 
 
+def _legend_label(scheme: str) -> str:
+    return tr("PyTorch default", "PyTorch 默认初始化") if scheme in _default_names() else scheme
+
+
 def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 256):
     """One panel per activation: ``results[activation][scheme]`` (log scale) against depth."""
     plt = pyplot()
@@ -320,7 +344,7 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
     for ax, (act, by_scheme) in zip(axes[0], results.items(), strict=True):
         for scheme, stds in by_scheme.items():
             depths = range(1, len(stds) + 1)
-            label = tr("PyTorch default", "PyTorch 默认初始化") if scheme == "PyTorch default" else scheme
+            label = _legend_label(scheme)
             ax.plot(depths, [max(v, 1e-30) for v in stds], marker="o", ms=3, label=label)
         ax.set_yscale("log")
         ax.set_xticks(range(0, len(depths) + 1, 5))
@@ -333,7 +357,8 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
     fig.tight_layout()
     ends = {act: {scheme: stds[-1] for scheme, stds in by.items()} for act, by in results.items()}
     en = "; ".join(f"{act}: " + ", ".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
-    zh = "；".join(f"{act}：" + "，".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
+    zh = "；".join(f"{act}：" + "，".join(f"{_legend_label(k)} {v:.1e}" for k, v in by.items())
+                  for act, by in ends.items())
     return describe_figure(
         fig,
         f"Line charts, one per activation, of the signal's spread (log scale) after each of "

@@ -10,7 +10,8 @@ from torch import nn
 
 from course_utils import ch02_nn_module as cm
 from course_utils.exercises import ch02
-from course_utils.i18n import text_width
+from course_utils.figures import alt_text
+from course_utils.i18n import speaking, text_width
 
 matplotlib.use("Agg")
 
@@ -257,6 +258,21 @@ def test_activation_scale_vs_depth_tells_the_known_story():
     state = torch.get_rng_state()
     assert cm.activation_scale_vs_depth("Kaiming (He)", "relu", depth=12, width=128) == kaiming
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_init_schemes_speak_the_course_language():
+    with speaking("en"):
+        assert list(cm.INIT_SCHEMES) == ["PyTorch default", "normal(0, 1)", "normal(0, 0.01)", "Xavier (Glorot)",
+                                         "Kaiming (He)"]
+    with speaking("zh"):
+        names = list(cm.INIT_SCHEMES)
+        fig = cm.plot_init_vs_depth({"relu": {names[0]: [1.0, 0.5]}})
+    assert names[0] == "PyTorch 默认" and names[1:] == ["normal(0, 1)", "normal(0, 0.01)", "Xavier (Glorot)", "Kaiming (He)"]
+    assert "relu：PyTorch 默认初始化 5.0e-01" in alt_text(fig)
+    assert (cm.activation_scale_vs_depth("PyTorch 默认", "relu", depth=3, width=16)
+            == cm.activation_scale_vs_depth("PyTorch default", "relu", depth=3, width=16))
+    with pytest.raises(ValueError, match="unknown initialisation scheme"):
+        cm.activation_scale_vs_depth("He", "relu", depth=3, width=16)
 
 
 def test_init_plot_draws_one_line_per_scheme():
