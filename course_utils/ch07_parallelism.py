@@ -581,13 +581,16 @@ def draw_mesh(records: Sequence[Mapping[str, Any]]) -> Any:
         ax.set_ylabel(tr("row of attn.q.weight", "attn.q.weight 的行"))
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fsdp = "; ".join(f"rank {rec['rank']} rows {rec['fsdp_tp']['rows'][0]}-{rec['fsdp_tp']['rows'][-1]}" for rec in records)
-    hsdp = "; ".join(f"rank {rec['rank']} rows {rec['hsdp']['rows'][0]}-{rec['hsdp']['rows'][-1]}" for rec in records)
+    def held(key: str, rows: str, sep: str) -> str:
+        return sep.join(f"rank {rec['rank']} " + rows.format(rec[key]["rows"][0], rec[key]["rows"][-1])
+                        for rec in records)
+
     return describe_figure(
         fig, f"Two panels of {len(records)} bars, one per rank, marking the rows of the 64-row attn.q.weight that the "
-        f"rank holds. FSDP x TP: {fsdp}. HSDP: {hsdp} (two copies).",
+        f"rank holds. FSDP x TP: {held('fsdp_tp', 'rows {}-{}', '; ')}. HSDP: {held('hsdp', 'rows {}-{}', '; ')} "
+        f"(two copies).",
         f"两幅图，各有 {len(records)} 个条，每个 rank 一条，标出该 rank 持有 64 行的 attn.q.weight 中的哪些行。"
-        f"FSDP x TP：{fsdp}。HSDP：{hsdp}（两份副本）。")
+        f"FSDP x TP：{held('fsdp_tp', '第 {}-{} 行', '；')}。HSDP：{held('hsdp', '第 {}-{} 行', '；')}（两份副本）。")
 
 
 def draw_overlap(record: Mapping[str, Any]) -> Any:

@@ -17,6 +17,7 @@ from course_utils import ROOT
 from course_utils import ch07_parallelism as ch07
 from course_utils.dist import single_process_group
 from course_utils.figures import alt_text, pyplot
+from course_utils.i18n import speaking
 from course_utils.launch import torchrun
 
 SCRIPTS = ROOT / "notebooks" / "scripts"
@@ -197,6 +198,20 @@ def test_every_picture_has_alternative_text(draw):
         assert alt_text(fig) and len(alt_text(fig)) > 80
     finally:
         plt.close(fig)
+
+
+def test_the_mesh_alt_text_names_the_rows_in_the_course_language():
+    plt = pyplot()
+    with speaking("en"):
+        en = ch07.draw_mesh(FAKE["mesh"])
+    with speaking("zh"):
+        zh = ch07.draw_mesh(FAKE["mesh"])
+    try:
+        assert "FSDP x TP: rank 0 rows 0-15; rank 1 rows 16-31" in alt_text(en)
+        assert "FSDP x TP：rank 0 第 0-15 行；rank 1 第 16-31 行" in alt_text(zh) and "rows" not in alt_text(zh)
+    finally:
+        plt.close(en)
+        plt.close(zh)
 
 
 def test_the_schedule_explorer_is_built_on_the_plain_function():
