@@ -390,11 +390,12 @@ def graph_alt_text(g: Graph, title: str, hot: Any = None) -> str:
     leaves = [n.name or tr("(unnamed)", "（未命名）") for n in g.nodes if n.kind == "leaf"]
     shown = ops if len(ops) <= 12 else [*ops[:5], "…", *ops[-5:]]
     title = " ".join(title.split())
+    from_leaves = f"叶子张量 {'、'.join(leaves)} " if leaves else "未显示的叶子张量"
     text = tr(f"{title}. An autograd graph drawn as boxes and arrows: {len(ops)} operation(s) "
               f"({', '.join(shown) or 'none'}) lead from the leaf tensor(s) {', '.join(leaves) or '(none shown)'} "
               f"to {g.root_name}.",
               f"{title}。以方框和箭头画出的计算图：{len(ops)} 个运算（{'、'.join(shown) or '无'}），"
-              f"从叶子张量 {'、'.join(leaves) or '（未显示）'} 通向 {g.root_name}。")
+              f"从{from_leaves}通向 {g.root_name}。")
     if g.truncated:
         text += tr(" The nodes farther from the output are left out.", "离输出较远的节点没有画出。")
     if hot is not None:

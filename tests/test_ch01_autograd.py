@@ -15,7 +15,7 @@ import torch
 
 from course_utils import ch01_autograd as G
 from course_utils.exercises import ch01
-from course_utils.i18n import text_width
+from course_utils.i18n import speaking, text_width
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -144,6 +144,18 @@ def test_large_graph_is_truncated_with_a_note():
     text = G.as_text(y, max_nodes=40)
     assert "10,001 nodes; showing the 40 nearest the output" in text
     assert text.endswith("#40 ... 9,961 more nodes not shown")
+
+
+def test_graph_alt_text_names_the_leaves_or_says_none_is_shown():
+    y = chain(10_000)
+    hidden = G.build_graph(y, max_nodes=8)
+    with speaking("en"):
+        assert "lead from the leaf tensor(s) (none shown) to " in G.graph_alt_text(hidden, "t")
+    with speaking("zh"):
+        assert "从未显示的叶子张量通向 " in G.graph_alt_text(hidden, "t")
+        x = torch.ones(1, requires_grad=True)
+        shown = G.build_graph(x * 2, {"x": x})
+        assert "从叶子张量 x 通向 " in G.graph_alt_text(shown, "t")
 
 
 def test_drawing_10000_nodes_draws_a_bounded_picture(no_dot):
