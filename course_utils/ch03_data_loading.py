@@ -381,10 +381,10 @@ def measure_throughput(
 def format_runs(runs: Sequence[LoaderRun]) -> str:
     """A table: workers, start-up, median epoch, images/s, speed-up over 0 workers, spread, once."""
     zero = [r.items_per_s for r in runs if r.num_workers == 0]
-    zh = ("worker", "首批秒数", "epoch 中位秒数", "图像/秒", "相对 0", "波动", "各一次")
+    zh = ("worker", "首批秒数", "epoch 中位秒数", "图像/秒", "相对 0", "波动", "每张恰好一次")
     head = tr("workers 1st batch s median epoch s  images/s  x vs 0  spread  once",
-              " ".join(pad(h, w, right=True) for h, w in zip(zh, (7, 11, 14, 9, 7, 7, 6), strict=True)))
-    lines, width = [head, "-" * text_width(head)], 6 if language() == "zh-CN" else 5
+              " ".join(pad(h, w, right=True) for h, w in zip(zh, (7, 11, 14, 9, 7, 7, 12), strict=True)))
+    lines, width = [head, "-" * text_width(head)], 12 if language() == "zh-CN" else 5
     for r in runs:
         speed = f"{r.items_per_s / zero[0]:7.2f}" if zero else f"{'-':>7}"
         once = tr("yes", "是") if r.each_item_once else tr("NO", "否")

@@ -450,7 +450,7 @@ def test_chapter_03_displays_speak_the_course_language(monkeypatch, lang):
     assert _has_chinese(summary) == zh and ("最快" in summary) == zh and ("Fastest here" in summary) != zh
     table = L.format_runs(runs).splitlines()
     if zh:  # Chinese column names, each over its column (a Chinese character takes two columns)
-        assert table[0].split() == ["worker", "首批秒数", "epoch", "中位秒数", "图像/秒", "相对", "0", "波动", "各一次"]
+        assert table[0].split() == ["worker", "首批秒数", "epoch", "中位秒数", "图像/秒", "相对", "0", "波动", "每张恰好一次"]
         assert text_width(table[0]) == text_width(table[1]) == text_width(table[2]) and table[2].endswith(" 是")
     else:  # the English table unchanged
         assert table[0] == "workers 1st batch s median epoch s  images/s  x vs 0  spread  once"
