@@ -341,6 +341,9 @@ def stage(edition: str, folder: Path) -> list[str]:
         if page == "errata.md":  # the book's own switch replaces the file's "English · 中文" line
             text = re.sub(r"\A(English|中文) · \[[^\]]*\]\([^)]*\)\n+", "", text)
             text = re.sub(r"\A\[English\]\([^)]*\) · 中文\n+", "", text)
+            # an entry's anchor (<a id="erratum-N"></a>, for GitHub and JupyterLab) as a MyST target,
+            # which Sphinx knows: links to errata.md#erratum-N then resolve, and are checked
+            text = re.sub(r'^<a id="([\w-]+)"></a>\n\n', r"(\1)=\n", text, flags=re.M)
         if page.startswith("instructor/") and edition != "en":
             text = re.sub(r"\A(# .*\n)", lambda m: m.group(1) + "\n" + note, text, count=1)
         text = relink(text, ROOT / repo, page, pages, anchors)
