@@ -655,17 +655,21 @@ def batches_in_flight(num_workers: int, prefetch_factor: int, batch_size: int = 
                       timeout_s: float = 30.0) -> int:
     """How many batches a loader has fetched once its first batch is taken and its workers are idle
     again: the batches it keeps requested ahead (``num_workers * prefetch_factor``), plus the one taken.
-    Waits until the count has not moved for `settle_s` seconds (at most `timeout_s`)."""
+    Waits until every worker has fetched something (a spawned worker may take seconds to start) and
+    the count has not moved for `settle_s` seconds since (at most `timeout_s`)."""
     dataset = CountedItems(10_000, slots=num_workers + 1)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
                         timeout=60)
     batches = iter(loader)
     next(batches)
     last, since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s
-    while time.monotonic() - since < settle_s and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        started = bool((dataset.calls[1:] > 0).all())
         now = int(dataset.calls.sum())
-        if now != last:
+        if now != last or not started:
             last, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle_s:
+            break
         time.sleep(0.02)
     del batches  # shuts the workers down
     return last // batch_size

@@ -173,6 +173,7 @@ def main() -> None:
 
     # 2. The profiler's view of one slowed step: how long each rank's all-reduce took.
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.barrier()  # the step starts together (a profiler can take long to start on a loaded machine)
         step(model, x, args.delay if r == slow else 0.0, dev)
     in_collective = sum(e.time_range.elapsed_us() for e in prof.events()
                         if e.name.startswith(("gloo:all_reduce", "nccl:all_reduce"))) / 1000
