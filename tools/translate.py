@@ -78,13 +78,35 @@ def _located_tokens(source: str) -> list[tuple[tuple[int, str], int]]:
     except (tokenize.TokenError, SyntaxError, IndentationError) as exc:
         raise ValueError(f"not Python code the tokenizer can read: {exc}") from exc
     blank = (tokenize.NEWLINE, tokenize.DEDENT, tokenize.ENDMARKER)  # ("\n" or "" at the very end)
+    start_f = getattr(tokenize, "FSTRING_START", None)  # Python 3.12+: an f-string is many tokens
+    lines = source.splitlines(keepends=True)
     kept: list[tuple[tuple[int, str], int]] = []
-    for t in tokens:
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        if start_f is not None and t.type == start_f:  # read it whole, as Python 3.11's one STRING token
+            depth, j = 0, i
+            while True:
+                depth += {start_f: 1, tokenize.FSTRING_END: -1}.get(tokens[j].type, 0)
+                if depth == 0:
+                    break
+                j += 1
+            kept += [(inner, t.start[0]) for inner in _fstring_code(_source_between(lines, t.start, tokens[j].end))]
+            i = j + 1
+            continue
         if t.type == tokenize.STRING:
             kept += [(inner, t.start[0]) for inner in _fstring_code(t.string)]
         elif t.type not in _FREE_TOKENS:
             kept.append(((t.type, "" if t.type in blank else t.string), t.start[0]))
+        i += 1
     return kept
+
+
+def _source_between(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
+    """The text of `lines` from `start` to `end`, (row, column) positions as tokenize gives them."""
+    if start[0] == end[0]:
+        return lines[start[0] - 1][start[1]:end[1]]
+    return lines[start[0] - 1][start[1]:] + "".join(lines[start[0]:end[0] - 1]) + lines[end[0] - 1][:end[1]]
 
 
 def code_tokens(source: str) -> list[tuple[int, str]]:
