@@ -102,6 +102,9 @@ def test_every_edition_stages_the_same_pages(tmp_path, edition):
     chapters = [p.stem for p in book.chapters(book.SOURCES["en"])]
     assert set(chapters) <= set(names)
     assert {"index", "about", "errata", "glossary", "instructor/README", "instructor/answer-key"} <= set(names)
+    # the glossary's page is in Chinese; the English sidebar names it in English
+    entry = "Glossary of the Chinese edition (术语表) <glossary>" if edition == "en" else "术语表 <glossary>"
+    assert entry in (tmp_path / edition / "index.md").read_text(encoding="utf-8")
     for nb in chapters:
         staged = json.loads((tmp_path / edition / f"{nb}.ipynb").read_text(encoding="utf-8"))
         assert staged["cells"][1]["id"] == "course-book-meta"

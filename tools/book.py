@@ -74,6 +74,7 @@ WORDS = {
                   "change. What follows is its default view, as the next cell stores it.",
         "chapters": "Chapters",
         "reference": "Reference",
+        "glossary": "Glossary of the Chinese edition (术语表)",  # the page itself is in Chinese
         "about": "About the course",
         "english_only": "",
     },
@@ -85,6 +86,7 @@ WORDS = {
                   "下面是它的默认视图，由下一个单元格保存。",
         "chapters": "章节",
         "reference": "参考",
+        "glossary": "术语表",
         "about": "关于本课程（英文）",
         "english_only": "本页只有英文版。",
     },
@@ -281,7 +283,8 @@ def readme_pages(edition: str, pages: dict[str, str], anchors: dict[str, set[str
         home += "\n## " + words["chapters"] + "\n\n" + "".join(f"- [{t}]({s}.ipynb)\n" for s, t in titles)
     home = relink(home, README, "index.md", pages, anchors)
     home += "\n" + _toctree(words["chapters"], [s for s, _ in titles], maxdepth=1)
-    home += _toctree(words["reference"], ["errata", "glossary", "about", "instructor/README"], maxdepth=1)
+    home += _toctree(words["reference"], ["errata", f"{words['glossary']} <glossary>", "about", "instructor/README"],
+                     maxdepth=1)
     return home, about
 
 
