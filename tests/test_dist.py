@@ -1,6 +1,8 @@
 """Regression test for the abort at exit: the scripts that used to die with SIGABRT after their
-work was done (``terminate called without an active exception``), each started several times
-with plain torchrun from a terminal, must exit 0 every time.
+work was done (``terminate called without an active exception``), started with plain torchrun
+from a terminal, must exit 0. The abort came in some runs, not all: here each script runs once (it
+runs in every notebook run too), and ``make stress`` (``tools/stress.py``) runs every script ten
+times with each engine and fails on the same message.
 
 The cause: every ``backward()`` leaves a Python object in the thread-local state that DDP's
 gradient all-reduces carry; a gloo worker thread that dropped one after the interpreter had begun
@@ -18,8 +20,8 @@ from course_utils import ROOT
 from course_utils.dist import single_process_group
 
 RUNS = [
-    ("ddp_equals_big_batch.py", ["--out", "{out}"], 3),
-    ("train.py", ["--out-dir", "{out}", "--epochs", "2"], 2),
+    ("ddp_equals_big_batch.py", ["--out", "{out}"], 1),
+    ("train.py", ["--out-dir", "{out}", "--epochs", "2"], 1),
 ]
 
 

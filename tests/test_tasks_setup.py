@@ -5,7 +5,8 @@ Each test fills a venv of its own in a temporary folder (never the course's .ven
 `tasks.py setup`, with a tiny course: a wheelhouse of one generated package of 3,000 files and a
 project whose build backend lives in its folder (so the editable install needs no download either).
 The first run is slowed while pip unpacks files, and interrupted (Ctrl-C to its process group, or
-SIGKILL) about 1 s in (while `venv` installs pip) or about 20 s in (while pip installs the packages)."""
+SIGKILL) in each phase where a learner's Ctrl-C lands: about 1 s in (while `venv` installs pip), and while
+pip installs the packages (about 20 s into a real set-up: here, as soon as pip has begun unpacking)."""
 
 from __future__ import annotations
 
@@ -81,14 +82,15 @@ BACKEND = textwrap.dedent('''
 ''')
 
 # In pip's processes that install the requirements (not the one that installs pip into the new venv):
-# every unpacked file takes 10 ms more, so that the install lasts long enough to be interrupted.
+# every unpacked file takes SLOW_PIP_S more (10 ms: 30 s for the package), so that the install lasts
+# long enough to be interrupted, or to be waited for.
 SLOW_PIP = textwrap.dedent('''
-    import sys
+    import os, sys
     if "-r" in sys.argv:
         import shutil, time
-        _copy = shutil.copyfileobj
+        _copy, _delay = shutil.copyfileobj, float(os.environ.get("SLOW_PIP_S", "0.01"))
         def _slow(*a, **k):
-            time.sleep(0.01)
+            time.sleep(_delay)
             return _copy(*a, **k)
         shutil.copyfileobj = _slow
 ''')
@@ -123,11 +125,12 @@ def tiny_course(tmp_path):
     driver.write_text(DRIVER)
     venv = tmp_path / "venv"
 
-    def setup(slowly: bool = False, **popen) -> subprocess.Popen:
+    def setup(slowly: float = 0.0, **popen) -> subprocess.Popen:
+        """`slowly`: seconds added to each file pip unpacks (0: full speed)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
         env.update(COURSE_WHEELHOUSE=str(wheels), PIP_NO_CACHE_DIR="1", PIP_CONFIG_FILE=os.devnull)
         if slowly:
-            env["PYTHONPATH"] = str(slow)
+            env.update(PYTHONPATH=str(slow), SLOW_PIP_S=str(slowly))
         return subprocess.Popen([sys.executable, str(driver), str(ROOT), str(project), str(venv)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
@@ -151,24 +154,32 @@ def _complete(venv: Path) -> bool:
     return subprocess.run([str(tasks.venv_python(venv)), "-c", code], capture_output=True, timeout=60).returncode == 0
 
 
-CASES = [(1.0, signal.SIGINT), (20.0, signal.SIGINT), (20.0, signal.SIGKILL)]
+# (seconds, or the phase, after which the set-up is interrupted; the signal). "installing": pip has
+# unpacked the first files of the packages (1 s after it said "Installing collected packages")
+CASES = [(1.0, signal.SIGINT), ("installing", signal.SIGINT), ("installing", signal.SIGKILL)]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="interrupts a process group")
-@pytest.mark.parametrize(("after", "sig"), CASES, ids=[f"{a:g}s-{s.name}" for a, s in CASES])
+@pytest.mark.parametrize(("after", "sig"), CASES,
+                         ids=[f"{a:g}s-{s.name}" if isinstance(a, float) else f"{a}-{s.name}" for a, s in CASES])
 def test_an_interrupted_setup_is_made_again_and_says_so(tiny_course, after, sig):
     setup, venv = tiny_course
-    first = setup(slowly=True, start_new_session=True)
+    first = setup(slowly=0.01, start_new_session=True)
     start = time.monotonic()
     log = venv / "pip-install.log"
-    # ~1 s: `venv` is still installing pip; ~20 s: pip is unpacking the packages (waited for, if later)
-    while time.monotonic() - start < after or (after > 1 and "Installing collected packages" not in (
-            log.read_text(errors="replace") if log.exists() else "")):
+    # 1 s: `venv` is still installing pip; "installing": pip is unpacking the packages
+    def ready() -> bool:
+        if after != "installing":
+            return time.monotonic() - start >= after
+        return "Installing collected packages" in (log.read_text(errors="replace") if log.exists() else "")
+
+    while not ready():
         assert first.poll() is None and time.monotonic() - start < 240, "the set-up ended before the interrupt"
         time.sleep(0.05)
-    installing = log.exists()
-    assert installing == (after > 1), "interrupted in another phase than meant"
+    if after == "installing":
+        time.sleep(1.0)  # some files unpacked, most not (30 s in all)
+    assert log.exists() == (after == "installing"), "interrupted in another phase than meant"
     os.killpg(first.pid, sig)  # Ctrl-C in a terminal reaches the whole group; SIGKILL: nothing can clean up
     code, out = _finish(first, 120)
     assert code != 0 and not _complete(venv)
@@ -261,7 +272,7 @@ def test_two_setups_at_once_do_not_undo_each_other(tiny_course):
     """`make lab` typed in two terminals before .venv exists: the second waits for the first (and says
     so) instead of taking the first one's venv, half-made, for an interrupted one and removing it."""
     setup, venv = tiny_course
-    first = setup(slowly=True)
+    first = setup(slowly=0.004)  # 12 s of unpacking: time for the second to start
     log = venv / "pip-install.log"
     end = time.monotonic() + 240
     while not log.exists() and time.monotonic() < end:
