@@ -116,7 +116,8 @@ def pip_alone_env(base=None):
 
 
 # pip's lines that say nothing of the cause ("See above for output.", "hint: See above for details.", ...)
-_PIP_NOISE = re.compile(r"see above|^\s*(hint|note):|subprocess-exited-with-error|^\s*[|│╰─]+\s*$|lines of output\]|^\s*\[end of output\]",
+_PIP_NOISE = re.compile(r"see above|^\s*(hint|note):|subprocess-exited-with-error|^\s*[|│╰─]+\s*$|"
+                        r"lines of output\]|^\s*\[end of output\]",
                         re.IGNORECASE)
 
 
@@ -317,7 +318,8 @@ def _fill_venv(venv, py, stamp, mark, want, wheels, pip_env):
                     "the same command again (set-up starts over)." % (PIP_TIMEOUT // 60, venv.name))
             if r.returncode != 0:
                 fh.flush()
-                mark.write_text("failed %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))  # not interrupted: said so next time
+                # not interrupted: said so next time
+                mark.write_text("failed %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))
                 die(_explain_pip_failure(log.read_text(errors="replace"), wheels, log))
     mark.write_text("installed %s\n" % want)  # interrupted from here on, the packages need not be made again
     return _finish_venv(venv, py, stamp, mark, want, t0)
@@ -798,7 +800,8 @@ def cmd_hub(argv):
         hub_port=o.hub_port, proxy_api_port=o.proxy_api_port, view_port=o.view_port, learners=o.learners,
         cores=cores, threads=R.threads_per_kernel(cores, o.learners), instructor=o.instructor.lower(),
         room_password=room_password, admin_password=admin_password,
-        account_prefix=o.account_prefix if o.account_prefix is not None else (old.account_prefix if old else R.ACCOUNT_PREFIX),
+        account_prefix=(o.account_prefix if o.account_prefix is not None
+                        else (old.account_prefix if old else R.ACCOUNT_PREFIX)),
         group=o.group if o.group is not None else (old.group if old else R.GROUP),
         home_base=o.home_base, lang=o.lang or (old.lang if old else "en"),
         cull_after_s=o.cull_after or (old.cull_after_s if old else 3600), cull_every_s=o.cull_every,

@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefetch", type=_ints, default=[2, 4], help="prefetch_factor values of --grid (default 2,4)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration of --grid (default 2)")
     parser.add_argument("--save-reference", nargs="?", const=REFERENCE_PATH, type=Path, metavar="JSON",
-                        help=f"store the curve as the notebook's reference (default {REFERENCE_PATH.relative_to(REFERENCE_PATH.parents[1])})")
+                        help="store the curve as the notebook's reference "
+                             f"(default {REFERENCE_PATH.relative_to(REFERENCE_PATH.parents[1])})")
     parser.add_argument("--force", action="store_true", help="store a reference even when the machine is busy")
     args = parser.parse_args(argv)
     if any(w < 0 for w in args.workers) or any(p < 1 for p in args.prefetch) or args.repeats < 1:
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads in the main process"
     )
     print(
-        f"data: {args.items} synthetic JPEGs {args.size}x{args.size} -> decode, resize {args.out_size}x{args.out_size}, "
+        f"data: {args.items} synthetic JPEGs {args.size}x{args.size} -> "
+        f"decode, resize {args.out_size}x{args.out_size}, "
         f"normalise; batch {args.batch_size}; a warm-up epoch then {args.repeats} timed epochs per setting"
     )
     print(f"the source's rule 'num_workers = 2-4x cores' means {2 * cores}-{4 * cores} here")
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         # torch warns when num_workers exceeds the cores it counts; the table shows the effect instead
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         for w in args.workers:
-            runs.append(measure_throughput(ds, w, batch_size=args.batch_size, epochs=args.repeats, timeout=args.timeout))
+            runs.append(measure_throughput(ds, w, batch_size=args.batch_size, epochs=args.repeats,
+                                           timeout=args.timeout))
             table = format_runs(runs).splitlines()
             print("\n".join(table if len(runs) == 1 else table[-1:]), flush=True)
         grid_runs: list[LoaderRun] = []
@@ -176,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         record = reference_record(runs, settings, before, after, busy=busy)
         args.save_reference.parent.mkdir(parents=True, exist_ok=True)
         args.save_reference.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"\nreference stored in {args.save_reference}" + (" (labelled as measured on a BUSY machine)" if busy else ""))
+        print(f"\nreference stored in {args.save_reference}"
+              + (" (labelled as measured on a BUSY machine)" if busy else ""))
     if args.plot:
         import matplotlib
 

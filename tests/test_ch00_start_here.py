@@ -60,10 +60,13 @@ def test_the_gallery_speaks_the_course_language(monkeypatch, lang):
     ui = gallery.gallery_widget()
     plt.close("all")
     assert [c.description for c in ui.kwargs_widgets] == (
-        ["数据集", "数字（-1：全部）", "图像数量", "随机种子"] if zh else ["split", "digit (-1: all)", "images", "seed"])
+        ["数据集", "数字（-1：全部）", "图像数量", "随机种子"] if zh
+        else ["split", "digit (-1: all)", "images", "seed"])
     split = ui.kwargs_widgets[0]
-    assert split.options == ((("训练集", "train"), ("测试集", "test")) if zh else (("train", "train"), ("test", "test")))
+    assert split.options == ((("训练集", "train"), ("测试集", "test")) if zh
+                             else (("train", "train"), ("test", "test")))
     assert split.value == "train" and split.label == ("训练集" if zh else "train")
     fig = gallery.show("test", 3, 8, 1)
-    assert fig.get_suptitle() == ("测试集中的 8 张图像，数字 3（随机种子 1）" if zh else "8 test images, digit 3 (seed 1)")
+    assert fig.get_suptitle() == ("测试集中的 8 张图像，数字 3（随机种子 1）" if zh
+                                  else "8 test images, digit 3 (seed 1)")
     plt.close(fig)

@@ -239,8 +239,9 @@ def test_matplotlib_path_without_dot(no_dot):
     d = G.draw(z, params, show_values=True, show_saved=True)
     assert d.engine == "matplotlib"
     assert d.png.startswith(PNG) and d._repr_png_() == (d.png, {"alt": d.alt})  # Jupyter stores the alt text
-    assert d.alt.startswith("autograd graph of z (6 nodes). An autograd graph drawn as boxes and arrows: 3 operation(s) "
-                            "(MulBackward0, AddBackward0, SigmoidBackward0) lead from the leaf tensor(s) b, w, x to z.")
+    assert d.alt.startswith("autograd graph of z (6 nodes). An autograd graph drawn as boxes and arrows: "
+                            "3 operation(s) (MulBackward0, AddBackward0, SigmoidBackward0) lead from the leaf "
+                            "tensor(s) b, w, x to z.")
     assert repr(d) == G.as_text(z, params, show_values=True, show_saved=True)
     assert d.dot_source.startswith("digraph")  # the DOT source is there even without `dot`
 
@@ -555,7 +556,8 @@ def test_backward_walk_matches_autograd_and_leaves_the_graph_alone():
 
 
 def test_q5_tells_a_walk_from_autograd_itself():
-    assert "autograd's engine itself" in ch01.q5.check(lambda out: dict(zip(*ch01._autograd_grads(out), strict=True))).message
+    assert "autograd's engine itself" in ch01.q5.check(
+        lambda out: dict(zip(*ch01._autograd_grads(out), strict=True))).message
     assert "called backward()" in ch01.q5.check(ch01._mistake_backward).message
 
 

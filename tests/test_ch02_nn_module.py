@@ -267,7 +267,8 @@ def test_init_schemes_speak_the_course_language():
     with speaking("zh"):
         names = list(cm.INIT_SCHEMES)
         fig = cm.plot_init_vs_depth({"relu": {names[0]: [1.0, 0.5]}})
-    assert names[0] == "PyTorch 默认" and names[1:] == ["normal(0, 1)", "normal(0, 0.01)", "Xavier (Glorot)", "Kaiming (He)"]
+    assert names[0] == "PyTorch 默认" and names[1:] == [
+        "normal(0, 1)", "normal(0, 0.01)", "Xavier (Glorot)", "Kaiming (He)"]
     assert "relu：PyTorch 默认初始化 5.0e-01" in alt_text(fig)
     assert (cm.activation_scale_vs_depth("PyTorch 默认", "relu", depth=3, width=16)
             == cm.activation_scale_vs_depth("PyTorch default", "relu", depth=3, width=16))
@@ -299,10 +300,12 @@ def test_build_mlp_layers():
     kinds = [type(m).__name__ for m in model]
     assert kinds == ["Flatten", "Linear", "BatchNorm1d", "Tanh", "Dropout",
                      "Linear", "BatchNorm1d", "Tanh", "Dropout", "Linear"]
-    assert [type(m).__name__ for m in cm.build_mlp(1, 8, "relu", 0.0, "none")] == ["Flatten", "Linear", "ReLU", "Linear"]
+    assert [type(m).__name__ for m in cm.build_mlp(1, 8, "relu", 0.0, "none")] == [
+        "Flatten", "Linear", "ReLU", "Linear"]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"activation": "swish"}, "swish"), ({"norm": "groupnorm"}, "groupnorm")])
+@pytest.mark.parametrize(("kwargs", "match"),
+                         [({"activation": "swish"}, "swish"), ({"norm": "groupnorm"}, "groupnorm")])
 def test_builder_rejects_bad_settings_with_a_message(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cm.build_mlp(**{**cm.BUILDER_DEFAULTS, **kwargs})
@@ -391,15 +394,18 @@ def test_figures_and_the_builder_speak_the_course_language(monkeypatch, capsys, 
     fig = cm.plot_init_vs_depth({"relu": {"PyTorch default": [1.0, 0.5], "Kaiming (He)": [1.0, 1.0]}})
     ax = fig.axes[0]
     assert _has_chinese(fig.get_suptitle() + ax.get_xlabel() + ax.get_ylabel()) == zh
-    assert [t.get_text() for t in ax.get_legend().texts] == [("PyTorch 默认初始化" if zh else "PyTorch default"), "Kaiming (He)"]
+    assert [t.get_text() for t in ax.get_legend().texts] == [
+        ("PyTorch 默认初始化" if zh else "PyTorch default"), "Kaiming (He)"]
     shown = []
     monkeypatch.setattr(cm, "show_figure", shown.append)
     box = cm.model_builder_widget(x=torch.rand(16, 1, 28, 28))
     controls = [c for row in box.children[:2] for c in row.children]
     assert [c.description for c in controls] == (
-        ["深度", "宽度", "激活函数", "dropout", "归一化"] if zh else ["depth", "width", "activation", "dropout", "norm"])
+        ["深度", "宽度", "激活函数", "dropout", "归一化"] if zh
+        else ["depth", "width", "activation", "dropout", "norm"])
     norm = controls[-1]
-    assert [v for _, v in norm.options] == list(cm.NORMS) and norm.value == "none" and norm.label == ("无" if zh else "none")
+    assert ([v for _, v in norm.options] == list(cm.NORMS) and norm.value == "none"
+            and norm.label == ("无" if zh else "none"))
     assert shown[-1].get_suptitle().startswith("3 个宽度为 128 的隐藏层" if zh else "3 hidden layers of 128")
     out = capsys.readouterr().out
     assert ("参数量：134,794（与公式一致：134,794）" in out) == zh and ("matches the formula" in out) != zh

@@ -133,8 +133,10 @@ def test_streams_as_simulated_workers(digits_csv):
 
     naive = Counter(_as_workers(Idx(L.NaiveDigitsStream(path)), 3))
     sharded = Counter(_as_workers(Idx(L.ShardedDigitsStream(path)), 3))
-    assert L.delivery_counts(list(naive.elements()), n) == {"delivered": 3 * n, "distinct": n, "duplicated": n, "missing": 0}
-    assert L.delivery_counts(list(sharded.elements()), n) == {"delivered": n, "distinct": n, "duplicated": 0, "missing": 0}
+    assert L.delivery_counts(list(naive.elements()), n) == {
+        "delivered": 3 * n, "distinct": n, "duplicated": n, "missing": 0}
+    assert L.delivery_counts(list(sharded.elements()), n) == {
+        "delivered": n, "distinct": n, "duplicated": 0, "missing": 0}
 
 
 def test_sharded_stream_across_ranks(digits_csv):
@@ -450,7 +452,8 @@ def test_chapter_03_displays_speak_the_course_language(monkeypatch, lang):
     assert _has_chinese(summary) == zh and ("最快" in summary) == zh and ("Fastest here" in summary) != zh
     table = L.format_runs(runs).splitlines()
     if zh:  # Chinese column names, each over its column (a Chinese character takes two columns)
-        assert table[0].split() == ["worker", "首批秒数", "epoch", "中位秒数", "图像/秒", "相对", "0", "波动", "每张恰好一次"]
+        assert table[0].split() == [
+            "worker", "首批秒数", "epoch", "中位秒数", "图像/秒", "相对", "0", "波动", "每张恰好一次"]
         assert text_width(table[0]) == text_width(table[1]) == text_width(table[2]) and table[2].endswith(" 是")
     else:  # the English table unchanged
         assert table[0] == "workers 1st batch s median epoch s  images/s  x vs 0  spread  once"
@@ -492,7 +495,8 @@ def test_benchmark_refuses_a_busy_reference_unless_forced(tmp_path, monkeypatch,
     bench = _benchmark()
     monkeypatch.setattr(bench, "load_average", lambda: bench.cpu_cores() + 5.0)
     out = tmp_path / "ref.json"
-    small = ["--workers", "0", "--repeats", "1", "--items", "8", "--size", "32", "--out-size", "16", "--batch-size", "4"]
+    small = ["--workers", "0", "--repeats", "1", "--items", "8", "--size", "32", "--out-size", "16",
+             "--batch-size", "4"]
     assert bench.main(small + ["--save-reference", str(out)]) == 2
     assert not out.exists() and "not measuring a reference" in capsys.readouterr().err
     assert bench.main(small + ["--save-reference", str(out), "--force"]) == 0

@@ -121,7 +121,8 @@ def test_pictures_and_explorer_speak_the_course_language(monkeypatch, capsys, la
     fig = draw_collectives(collective_records())
     title = fig.axes[0].get_title(loc="left")
     assert title == ("all_reduce：每个 rank 都得到总和" if zh else "all_reduce: every rank gets the sum")
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == (["调用前", "调用后"] if zh else ["before", "after"])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == (
+        ["调用前", "调用后"] if zh else ["before", "after"])
     plt.close(fig)
     fig = draw_shards({"w": [4, 2]}, [{"w": [2, 2]}, {"w": [2, 2]}])
     assert fig.axes[0].texts[1].get_text() == ("rank 1：第 2-3 行" if zh else "rank 1: rows 2-3")
@@ -129,7 +130,8 @@ def test_pictures_and_explorer_speak_the_course_language(monkeypatch, capsys, la
     plt.close(fig)
     pytest.importorskip("ipywidgets")
     sliders = sampler_explorer().children[0].children
-    assert [s.description for s in sliders] == (["样本数", "world size", "epoch"] if zh else ["items", "world size", "epoch"])
+    assert [s.description for s in sliders] == (
+        ["样本数", "world size", "epoch"] if zh else ["items", "world size", "epoch"])
     plt.close("all")
 
 

@@ -349,7 +349,8 @@ def test_sigusr1_mid_epoch_saves_a_checkpoint_that_resumes_to_the_same_weights(w
     assert (ckpt["epoch"], ckpt["step"], len(ckpt["partial"])) == (0, 7, 1)
     assert ckpt["partial"][0]["sums"][1] == 7 * 32 and not (b / "final.pt").exists()
     assert read_metrics(b / "metrics.jsonl") == []
-    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0, "--stop-check-every", 1) == 0  # resumes, no new stop
+    assert world_of_one("--out-dir", b, "--signal-at-step", 7, "--crash-rank", 0,
+                        "--stop-check-every", 1) == 0  # resumes, no new stop
     wa = torch.load(a / "final.pt", weights_only=True)
     wb = torch.load(b / "final.pt", weights_only=True)
     assert max_abs_diff(wa, wb) == 0.0

@@ -387,7 +387,8 @@ def test_detail_debug_names_the_collective_mismatch_and_the_fix_ends():
 
     with pytest.raises(LaunchError) as info:
         run(TORCH_DISTRIBUTED_DEBUG="DETAIL")
-    assert "syncing the buffers, as the DDP wrapper's evaluation forward does: 128 float32, 1 int64" in info.value.logs[0]
+    assert ("syncing the buffers, as the DDP wrapper's evaluation forward does: 128 float32, 1 int64"
+            in info.value.logs[0])
     assert "Detected mismatch between collectives on ranks; this rank was running: BROADCAST" in info.value.logs[0]
     assert "Detected mismatch between collectives on ranks; this rank was running: BARRIER" in info.value.logs[1]
     assert info.value.rank == 0, "the script makes rank 0 the failing rank, so chapter 06's stored error is stable"

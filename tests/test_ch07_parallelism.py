@@ -328,7 +328,8 @@ def test_fsdp2_facts_and_a_checkpoint_of_2_ranks_loaded_on_3_and_on_1(tmp_path):
     sent = rec["mixed_precision"]["sent"]
     assert abs(sent["bf16 compute, bf16 reduce"] / sent["float32"] - 0.5) < 0.01
     counts = {k: v["counts"] for k, v in rec["resharding"].items()}
-    assert counts["reshard_after_forward=True"]["all_gather"] == 9 and counts["reshard_after_forward=False"]["all_gather"] == 5
+    assert (counts["reshard_after_forward=True"]["all_gather"] == 9
+            and counts["reshard_after_forward=False"]["all_gather"] == 5)
     assert rec["resharding"]["True + forward prefetch"]["issued_before_block"] == [3, 4, 5, 5]
     assert rec["meta"]["all_meta"] and rec["meta"]["repeated_rows"] and rec["meta"]["after_load"] == 0
     accumulation = rec["accumulation"]["set_requires_gradient_sync(False)"]

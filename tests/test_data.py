@@ -94,8 +94,8 @@ def test_sampler_indices_match_torch(shuffle, drop_last):
     for n, world, epoch, seed in itertools.product([1, 2, 3, 7, 10, 12, 13], [1, 2, 3, 4, 8], [0, 1, 5], [0, 3]):
         if drop_last and n < world:
             continue  # torch's sampler then yields nothing on every rank; so do we (checked below)
-        assert sampler_indices(n, world, epoch, shuffle, seed, drop_last) == real(n, world, epoch, shuffle, seed, drop_last), \
-            (n, world, epoch, shuffle, seed, drop_last)
+        assert (sampler_indices(n, world, epoch, shuffle, seed, drop_last)
+                == real(n, world, epoch, shuffle, seed, drop_last)), (n, world, epoch, shuffle, seed, drop_last)
 
 
 def test_sampler_indices_tiny_data_with_drop_last_matches_torch():

@@ -85,7 +85,8 @@ def test_entry_says_what_the_source_says_what_is_true_and_where_it_is_shown(numb
         assert part in entry, f"erratum {number} has no {part}"
     shown = entry.split("**Where the course shows it**", 1)[1]
     links = SHOWN_AT.findall(shown)
-    assert links, f"erratum {number}: link at least one notebook section as [NN_name › heading](../notebooks/NN_name.ipynb)"
+    assert links, (f"erratum {number}: link at least one notebook section as "
+                   "[NN_name › heading](../notebooks/NN_name.ipynb)")
     for stem, heading, target in links:
         path = ROOT / "notebooks" / target
         assert target == f"{stem}.ipynb" and path.exists(), f"erratum {number}: no notebook {target}"
@@ -127,7 +128,8 @@ def test_the_chinese_errata_name_the_chinese_sections():
     """Each "课程中的演示" link of the Chinese errata names, as its text, a heading of the Chinese notebook."""
     text = ERRATA_ZH.read_text(encoding="utf-8")
     links = SHOWN_AT_ZH.findall(text)
-    assert len(links) >= len(entries()), "link every entry's sections as [NN_name › heading](../notebooks-zh/NN_name.ipynb)"
+    assert len(links) >= len(entries()), (
+        "link every entry's sections as [NN_name › heading](../notebooks-zh/NN_name.ipynb)")
     wrong = [f"{target}: {heading!r}" for stem, heading, target in links
              if target != f"{stem}.ipynb" or heading not in headings(ROOT / "notebooks-zh" / target)]
     assert not wrong, "docs/errata.zh-CN.md links sections the Chinese notebooks do not have:\n" + "\n".join(wrong)
@@ -150,7 +152,8 @@ def _linking_files() -> list[Path]:
 def errata_links(path: Path) -> list[tuple[str, Path, str]]:
     """(link text, errata page, anchor or "") of every link from `path` to an errata page."""
     text = notebook_text(path) if path.suffix == ".ipynb" else path.read_text(encoding="utf-8")
-    return [(label, (path.parent / target).resolve(), anchor or "") for label, target, anchor in ERRATA_LINK.findall(text)]
+    return [(label, (path.parent / target).resolve(), anchor or "")
+            for label, target, anchor in ERRATA_LINK.findall(text)]
 
 
 def link_problems(path: Path, root: Path = ROOT) -> list[str]:

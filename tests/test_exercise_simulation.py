@@ -434,16 +434,20 @@ CH02_Q1 = {
             lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
         ),
         "the output layer declared first": lambda: _net(
-            lambda m: [setattr(m, k, nn.Linear(a, b)) for k, a, b in (("out", 64, 10), ("h1", 784, 64), ("h2", 64, 64))],
+            lambda m: [setattr(m, k, nn.Linear(a, b))
+                       for k, a, b in (("out", 64, 10), ("h1", 784, 64), ("h2", 64, 64))],
             lambda m, x: m.out(torch.relu(m.h2(torch.relu(m.h1(x.flatten(1)))))),
         ),
         "the hidden layers declared in reverse": lambda: _net(
-            lambda m: [setattr(m, k, nn.Linear(a, b)) for k, a, b in (("fc2", 64, 64), ("fc1", 784, 64), ("fc3", 64, 10))],
+            lambda m: [setattr(m, k, nn.Linear(a, b))
+                       for k, a, b in (("fc2", 64, 64), ("fc1", 784, 64), ("fc3", 64, 10))],
             lambda m, x: m.fc3(torch.relu(m.fc2(torch.relu(m.fc1(x.flatten(1)))))),
         ),
         "add_module in a loop": lambda: _net(
-            lambda m: [m.add_module(f"l{i}", nn.Linear(a, b)) for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
-            lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
+            lambda m: [m.add_module(f"l{i}", nn.Linear(a, b))
+                       for i, (a, b) in enumerate([(784, 64), (64, 64), (64, 10)])],
+            lambda m, x: m.l2(m.l1(x.flatten(1)).relu_() if False
+                              else torch.relu(m.l1(torch.relu(m.l0(x.flatten(1)))))),
         ),
     },
     "wrong": {
@@ -778,7 +782,8 @@ CH03_Q4 = {
             [1.0 / int((labels == y).sum()) for y in labels.tolist()]
         ),
         "torch.unique": lambda: _bw_unique,
-        "normalised to sum 1": lambda: lambda labels: (lambda w: w / w.sum())(1.0 / torch.bincount(labels)[labels].double()),
+        "normalised to sum 1": lambda: lambda labels: (lambda w: w / w.sum())(
+            1.0 / torch.bincount(labels)[labels].double()),
     },
     "wrong": {
         "hard-coded for the old check's labels": lambda: lambda labels: 1.0 / torch.tensor(
@@ -1261,7 +1266,8 @@ def _eval(kind):
         dim = 0 if kind == "dim0" else 1
         hits = (out.argmax(dim) == y) if kind != "dim0" else (out.argmax(dim)[: len(y)] == y[: out.shape[1]])
         value = {"count": hits.sum().item(), "error": 1 - hits.float().mean().item(),
-                 "tensor": hits.float().mean(), "sum_len": hits.sum().item() / len(y)}.get(kind, hits.float().mean().item())
+                 "tensor": hits.float().mean(), "sum_len": hits.sum().item() / len(y)}.get(
+                     kind, hits.float().mean().item())
         model.train() if kind == "forces_train" else model.train(was)
         return value
 
@@ -1333,7 +1339,8 @@ def _desync_tuples(records):
     rows = {}
     for rank, entries in records.items():
         for e in entries:
-            rows.setdefault(e["collective_seq_id"], {})[rank] = (e["profiling_name"], tuple(map(tuple, e["input_sizes"])),
+            rows.setdefault(e["collective_seq_id"], {})[rank] = (e["profiling_name"],
+                                                                 tuple(map(tuple, e["input_sizes"])),
                                                                  tuple(e["input_dtypes"]))
     start = max(entries[0]["collective_seq_id"] for entries in records.values())
     for seq in sorted(rows):
@@ -1434,7 +1441,8 @@ CH07_Q1 = {
         "q, k, v gathered after their split": lambda: _tp(q="col_replicated_out", k="col_replicated_out",
                                                           v="col_replicated_out", o="row"),
         "o column-wise behind an all-gather": lambda: {**_tp(q="col", k="col", v="col"), "o": _o_gathered()},
-        "layer names of the whole block": lambda: {f"attn.{k}": v for k, v in _tp(q="col", k="col", v="col", o="row").items()},
+        "layer names of the whole block": lambda: {f"attn.{k}": v
+                                                   for k, v in _tp(q="col", k="col", v="col", o="row").items()},
     },
 }
 
@@ -1492,7 +1500,8 @@ def _q3_plan(kind):
             flat[k % 2] += [asc[k], asc[31 - k]]
         return [[f[4 * s:4 * s + 4] for s in range(4)] for f in flat]
     if kind == "the data set's order":
-        return [[list(range(8 * s, 8 * s + 4)) for s in range(4)], [list(range(8 * s + 4, 8 * s + 8)) for s in range(4)]]
+        return [[list(range(8 * s, 8 * s + 4)) for s in range(4)],
+                [list(range(8 * s + 4, 8 * s + 8)) for s in range(4)]]
     if kind == "another random split":
         return random_batches(Q3_LENGTHS, 2, 4, seed=1)
     if kind == "neighbours, the longer half to rank 0":
@@ -1510,7 +1519,8 @@ CH07_Q3 = {
     "right": {k: (lambda k=k: _q3_plan(k)) for k in ("reversed inside batches", "tuples", "tensors", "round robin",
                                                       "longest with shortest")},
     "wrong": {k: (lambda k=k: _q3_plan(k)) for k in ("the data set's order", "another random split",
-                                                      "neighbours, the longer half to rank 0", "one sample twice, another never",
+                                                      "neighbours, the longer half to rank 0",
+                                                      "one sample twice, another never",
                                                       "one rank with 3 steps", "2 steps of 8 samples")},
 }
 
@@ -1575,7 +1585,8 @@ CH03_Q5 = {
     "right": {
         "statistics.median": lambda: _q5_rule(stat=__import__("statistics").median),
         "numpy median, numpy int": lambda: _q5_rule(stat=np.median, out=np.int64),
-        "torch median, a 0-d tensor": lambda: _q5_rule(stat=lambda t: torch.tensor(t).median().item(), out=torch.tensor),
+        "torch median, a 0-d tensor": lambda: _q5_rule(stat=lambda t: torch.tensor(t).median().item(),
+                                                       out=torch.tensor),
         "a float result": lambda: _q5_rule(out=float),
         "sorts the lists in place, ratio test": lambda: _q5_in_place,
         "first within, walking sorted keys": lambda: _q5_rule(pick=lambda within: within[0]),
@@ -1588,7 +1599,8 @@ CH03_Q5 = {
         "the slowest epoch of each setting": lambda: _q5_rule(stat=max),
         "returns the best median time": lambda: lambda seconds: min(sorted(t)[len(t) // 2] for t in seconds.values()),
         "returns every candidate": lambda: _q5_rule(pick=lambda within: within, out=list),
-        "greedy: more workers while the next is 5% faster, stop at the first that is not": lambda: _q5_greedy(stop=True),
+        "greedy: more workers while the next is 5% faster, stop at the first that is not":
+            lambda: _q5_greedy(stop=True),
         "greedy: more workers while the next is 5% faster than the kept one": lambda: _q5_greedy(stop=False),
     },
 }
@@ -1610,7 +1622,7 @@ def _q5_greedy(stop):
 SIMULATION[("ch03", "q5")] = CH03_Q5
 
 
-# ------------------------------------------------------------------------------ ch01, Q5: the backward pass walked by hand
+# -------------------------------------------------------------------------- ch01, Q5: the backward pass walked by hand
 
 
 def _bw(start=1.0, leaf_of=lambda n: n.variable if hasattr(n, "variable") else None, skip_none=True,
@@ -1698,7 +1710,8 @@ def _engine(order="stack", missing="zeros", grad_mode=False, flat=False):
                 if missing == "zeros":
                     inputs = [_zeros(m) if g is None else g for g, m in zip(inputs, metas, strict=True)]
                 sent = node(*inputs)
-                for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,), strict=True):
+                for (child, i), g in zip(node.next_functions, sent if isinstance(sent, tuple) else (sent,),
+                                         strict=True):
                     if child is None:
                         continue
                     put(child, i, g)
@@ -1889,7 +1902,8 @@ def _all_nodes(out):
 CH01_Q5 = {
     "right": {
         "the engine: ready nodes from a stack, zeros for unreached slots": lambda: _engine(),
-        "the engine: ready nodes from a queue, None for unreached slots": lambda: _engine(order="queue", missing="none"),
+        "the engine: ready nodes from a queue, None for unreached slots":
+            lambda: _engine(order="queue", missing="none"),
         "the engine: a heap by sequence number, as the real engine orders them": lambda: _engine(order="heap"),
         "the engine: one flat dict keyed by (node, input_nr)": lambda: _engine(flat=True),
         "the engine, grad mode on (the gradients carry a grad_fn)": lambda: _engine(grad_mode=True),
@@ -1943,7 +1957,8 @@ CH01_Q6 = {
         "the Jacobian from torch.func.jacrev, then u @ J": lambda: lambda f, x, u: u @ torch.func.jacrev(f)(x),
         "the Jacobian row by row, then u @ J": lambda: _vjp_rows,
         "f(x) * u, not differentiated": lambda: lambda f, x, u: (f(x) * u).detach(),
-        "the gradient of f(x).sum() times u.sum()": lambda: lambda f, x, u: torch.autograd.grad(f(x).sum(), x)[0] * u.sum(),
+        "the gradient of f(x).sum() times u.sum()":
+            lambda: lambda f, x, u: torch.autograd.grad(f(x).sum(), x)[0] * u.sum(),
         "half of it": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u)[0] / 2,
         "u reversed": lambda: lambda f, x, u: torch.autograd.grad(f(x), x, grad_outputs=u.flip(0))[0],
     },
@@ -1988,7 +2003,8 @@ CH02_Q5 = {
             {"params": (p for p in model.parameters() if p.ndim < 2), "weight_decay": 0.0}],
     },
     "wrong": {
-        "every name ending in 'weight' decayed": lambda: _groups(rule=lambda n, p: n.endswith("weight"), source="named"),
+        "every name ending in 'weight' decayed":
+            lambda: _groups(rule=lambda n, p: n.endswith("weight"), source="named"),
         "the tied weight once per name": lambda: _groups(source="all"),
         "no group for the rest": lambda: lambda model, wd: [{"params": [p for p in model.parameters() if p.ndim >= 2],
                                                               "weight_decay": wd}],
@@ -2112,7 +2128,8 @@ def _snapshot(answer):
 def _same_snapshot(a, b):
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
-    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else np.array_equal(x, y)
+               for x, y in zip(a, b, strict=True))
 
 
 def _timed(call):
@@ -2175,7 +2192,8 @@ def simulate(mod_name, q_name):
     time.sleep(0.2)
     running = [t.name for t in threading.enumerate()
                if t not in threads_before and t.is_alive() and not _asleep(t.native_id)]
-    rows.append(("threads", "left running", f"threads still running after the checks: {running}" if running else None, ""))
+    rows.append(("threads", "left running",
+                 f"threads still running after the checks: {running}" if running else None, ""))
     for what in ("hint", "solution"):
         before = _session_state()
         getattr(ex, what)()

@@ -123,7 +123,8 @@ def _fn_ex(**kw):
     def double(x):
         return 2 * x
 
-    return Exercise("Q", double, prompt="prompt", hints=["h"], cases=lambda: [(1,), (2.5,)], describe=lambda c: f"for x={c[0]}", **kw)
+    return Exercise("Q", double, prompt="prompt", hints=["h"], cases=lambda: [(1,), (2.5,)],
+                    describe=lambda c: f"for x={c[0]}", **kw)
 
 
 def test_not_attempted_forms():
@@ -463,8 +464,10 @@ def _wrong_answers():
         (ch00.q1, "abc", "[练习] 不正确：squares 应该是一个 torch.Tensor，但它是一个字符串。",
          "[Practice] Incorrect: squares should be a torch.Tensor, but it is a str."),
         (ch00.q1, np.arange(1, 11) ** 2,
-         "[练习] 不正确：squares 应该是一个 torch.Tensor，但它是一个 numpy 数组。`torch.from_numpy(a)` 可以把 numpy 数组变成张量。",
-         "[Practice] Incorrect: squares should be a torch.Tensor, but it is an ndarray. `torch.from_numpy(a)` turns a numpy array into one."),
+         "[练习] 不正确：squares 应该是一个 torch.Tensor，但它是一个 numpy 数组。"
+         "`torch.from_numpy(a)` 可以把 numpy 数组变成张量。",
+         "[Practice] Incorrect: squares should be a torch.Tensor, but it is an ndarray. "
+         "`torch.from_numpy(a)` turns a numpy array into one."),
         (ch00.q1, torch.arange(1, 12) ** 2, "[练习] 不正确：squares 的形状是 (11,)，但应该是 (10,)。",
          "[Practice] Incorrect: the shape of squares is (11,), but it should be (10,)."),
         (ch01.q3, lambda f, x, v: torch.zeros_like(x),
@@ -480,7 +483,8 @@ def _wrong_answers():
          "[Q3] Incorrect: your count should be a whole number, but it is 3.5."),
         (ch04.q1, "0 3", "[Q1] 不正确：你的答案应该是一个由整数组成的列表，但它是一个字符串。",
          "[Q1] Incorrect: your answer should be a list of whole numbers, but it is a str."),
-        (ch06.q3, lambda model, x, y: 0.5, "[Q3] 不正确：对于种子为 1 的模型和数据，调用 evaluate 时模型处于训练模式、梯度模式开启，准确率是 0.5000，但应该是 0.3750。",
+        (ch06.q3, lambda model, x, y: 0.5, "[Q3] 不正确：对于种子为 1 的模型和数据，"
+         "调用 evaluate 时模型处于训练模式、梯度模式开启，准确率是 0.5000，但应该是 0.3750。",
          "[Q3] Incorrect: For the model and data of seed 1, the model in train mode and grad mode on when evaluate "
          "is called, the accuracy is 0.5000, but it should be 0.3750."),
         (ch06.q4, lambda *args: None, "[Q4] 不正确：make_loader 应该返回一个 DataLoader，而不是 None。",
@@ -514,7 +518,8 @@ def test_the_engines_own_words_in_chinese(monkeypatch):
         as_number("3")
     with pytest.raises(Incorrect, match="^你的答案的每一项应该是一个整数，但它是 1.5。$"):
         as_ints([1, 1.5])
-    with pytest.raises(Incorrect, match=r"^x\.grad 应该是一个 torch\.Tensor，但它是一个 numpy 数组。`torch\.from_numpy"):
+    with pytest.raises(Incorrect,
+                       match=r"^x\.grad 应该是一个 torch\.Tensor，但它是一个 numpy 数组。`torch\.from_numpy"):
         as_tensor(np.zeros(2), "x.grad")
     assert spaced("x", "的梯度是", "0.5", "，而不是", "一个列表", "。") == "x 的梯度是 0.5，而不是一个列表。"
     def double(x):

@@ -123,7 +123,8 @@ def test_a_kernel_stores_the_alt_text_of_every_way_a_figure_is_shown(tmp_path):
 
     cells = [
         "from course_utils.figures import describe_figure, pyplot, show_figure\nplt = pyplot()",
-        "fig, ax = plt.subplots()\nax.plot([1, 2])\ndescribe_figure(fig, 'Shown by plt.show.', '由 plt.show 显示。')\nplt.show()",
+        "fig, ax = plt.subplots()\nax.plot([1, 2])\n"
+        "describe_figure(fig, 'Shown by plt.show.', '由 plt.show 显示。')\nplt.show()",
         "fig, ax = plt.subplots()\ndescribe_figure(fig, 'Left open.', '留着没关。');",
         "fig, ax = plt.subplots()\nshow_figure(describe_figure(fig, 'By show_figure.', '由 show_figure 显示。'))",
         "fig, ax = plt.subplots()\nplt.show()",

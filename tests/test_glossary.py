@@ -74,7 +74,8 @@ def test_the_chinese_text_uses_the_glossarys_terms():
 def test_the_check_sees_a_forbidden_variant():
     banned = forbidden("| job | 作业 | 说明 | `训练任务`、`DDP 任务` |\n| tensor | 张量 | | |\n")
     assert banned == {"作业": ["训练任务", "DDP 任务"]}
-    assert variants_used([("x", "一个 DDP 任务的每个 rank")], banned) == ["x: 'DDP 任务' where the glossary says '作业'"]
+    assert variants_used([("x", "一个 DDP 任务的每个 rank")], banned) == [
+        "x: 'DDP 任务' where the glossary says '作业'"]
     assert variants_used([("x", "一个 DDP 作业的每个 rank")], banned) == []
 
 

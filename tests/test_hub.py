@@ -189,7 +189,8 @@ def test_the_hub_configuration_reads_the_room(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_HUB_STATE", str(tmp_path))
     c = Config()
     code = (ROOT / "deploy" / "hub" / "jupyterhub_config.py").read_text()
-    exec(compile(code, "jupyterhub_config.py", "exec"), {"c": c, "__file__": str(ROOT / "deploy/hub/jupyterhub_config.py")})
+    exec(compile(code, "jupyterhub_config.py", "exec"),
+         {"c": c, "__file__": str(ROOT / "deploy/hub/jupyterhub_config.py")})
     assert c.JupyterHub.authenticator_class == "deploy.hub.authenticator.RoomAuthenticator"
     assert c.RoomAuthenticator.admin_users == {"teacher"} and c.RoomAuthenticator.user_password == "abcd-efgh"
     assert c.Spawner.cmd == ["/srv/course/.venv/bin/python", str(ROOT / "deploy" / "hub" / "start_server.py")]
@@ -362,7 +363,8 @@ def test_the_hub_pins_are_exact_and_apart_from_the_courses():
     assert not course & {p.split("==")[0].lower() for p in pins}, "a hub pin would change a course pin"
     lock = json.loads((ROOT / "deploy/hub/package-lock.json").read_text())
     assert lock["packages"]["node_modules/configurable-http-proxy"]["version"] == "5.3.0"
-    assert json.loads((ROOT / "deploy/hub/package.json").read_text())["dependencies"] == {"configurable-http-proxy": "5.3.0"}
+    assert json.loads((ROOT / "deploy/hub/package.json").read_text())["dependencies"] == {
+        "configurable-http-proxy": "5.3.0"}
 
 
 def test_the_hub_needs_root_and_says_so(monkeypatch, capsys):

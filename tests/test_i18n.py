@@ -35,7 +35,8 @@ def test_the_notebooks_metadata_sets_it(tmp_path, monkeypatch):
     other = tmp_path / "lab"
     other.mkdir()
     monkeypatch.chdir(other)
-    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / inventory.CHAPTERS[1].notebook))  # JupyterLab names the notebook
+    # JupyterLab names the notebook
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / inventory.CHAPTERS[1].notebook))
     assert i18n.language() == "zh-CN"
 
 
@@ -166,7 +167,8 @@ def test_a_checkpoint_refused_and_a_backend_warning_speak_chinese(tmp_path, monk
     bad = tmp_path / "last.pt"
     bad.write_bytes(b"not a checkpoint")
     for lang, words, warned in (("zh", "检查点 last.pt 无法读取", "本节点上有 2 个进程，却只有 1 块 GPU"),
-                                ("en", "the checkpoint last.pt cannot be read", "2 processes on this node but 1 GPU(s)")):
+                                ("en", "the checkpoint last.pt cannot be read",
+                                 "2 processes on this node but 1 GPU(s)")):
         monkeypatch.setenv("COURSE_LANG", lang)
         with pytest.raises(CheckpointError, match=re.escape(words)):
             load_checkpoint(bad)

@@ -151,7 +151,8 @@ def test_warning_lessons_show_their_warning(path):
     for i, cell in enumerate(code_cells(load(path))):
         if WARNING_TAG in cell.get("metadata", {}).get("tags", []):
             text = "\n".join(_output_text(out) for out in cell.get("outputs", []))
-            assert WARNING_LINE.search(text), f"code cell {i} ({cell.get('id')}) is tagged `{WARNING_TAG}` but shows no warning"
+            assert WARNING_LINE.search(text), (
+                f"code cell {i} ({cell.get('id')}) is tagged `{WARNING_TAG}` but shows no warning")
 
 
 @pytest.mark.parametrize("path", EDITIONS, ids=EDITION_IDS)
@@ -179,7 +180,8 @@ def test_title_learning_goals_and_recap(path):
 def test_widget_cells_are_ignored_and_have_a_static_twin(path):
     cells = code_cells(load(path))
     for i, cell in enumerate(cells):
-        shows_widget = any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.get("outputs", []))
+        shows_widget = any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+                           for o in cell.get("outputs", []))
         if shows_widget:
             assert "NBVAL_IGNORE_OUTPUT" in src(cell), f"code cell {i + 1} shows a widget but is compared by nbval"
             assert i + 1 < len(cells), f"code cell {i + 1} shows a widget and has no static twin after it"
@@ -221,4 +223,5 @@ def test_every_source_snippet_is_carried():
     due = [i for i in missing if home_notebook(i) in homes]
     unknown = sorted(set(tags) - set(SEED_IDS))
     assert not unknown, f"seed tags that name no snippet of the source: {unknown}"
-    assert not due, f"source snippets not yet carried by their chapter (tag a cell seed:<id>): {due}; all missing: {missing}"
+    assert not due, (f"source snippets not yet carried by their chapter (tag a cell seed:<id>): {due}; "
+                     f"all missing: {missing}")

@@ -108,7 +108,8 @@ def test_an_up_to_date_venv_installs_nothing(monkeypatch):
 
 
 def test_offline_install_is_one_clear_line():
-    log = "ERROR: Could not find a version that satisfies the requirement torch==2.14.1\nERROR: No matching distribution found"
+    log = ("ERROR: Could not find a version that satisfies the requirement torch==2.14.1\n"
+           "ERROR: No matching distribution found")
     msg = tasks._explain_pip_failure(log)
     assert "cannot reach a package index" in msg and "\n" not in msg
 
@@ -256,8 +257,9 @@ def test_widget_callbacks_leave_no_figure_open(name, monkeypatch):
 
 
 def test_every_helper_that_seeds_torch_restores_the_global_rng():
-    """Source check over the package modules (the exercise engine restores every generator itself, tested in test_exercises.py): a function that seeds torch's global generator runs inside
-    torch.random.fork_rng, or is a seeding function by name."""
+    """Source check over the package modules (the exercise engine restores every generator itself, tested in
+    test_exercises.py): a function that seeds torch's global generator runs inside torch.random.fork_rng, or is
+    a seeding function by name."""
     import ast
 
     import course_utils

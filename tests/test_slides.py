@@ -52,7 +52,8 @@ def test_there_are_notebooks_to_present():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_slide_types_are_current(path):
     stale = slides.update(path, write=False)
-    assert stale == 0, f"{path.name}: {stale} cell(s) with a slide type that is not the rules': run `python -m tools.slides`"
+    assert stale == 0, (f"{path.name}: {stale} cell(s) with a slide type that is not the rules': "
+                        "run `python -m tools.slides`")
 
 
 def test_check_passes_on_the_committed_notebooks(capsys):

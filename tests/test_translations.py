@@ -44,10 +44,12 @@ def test_chinese_notebook_metadata_names_its_language(nb):
 def test_chinese_code_may_differ_in_comments_and_strings_only():
     english = 'x = torch.ones(3)  # three ones\nprint(f"sum: {x.sum():.1f}", "done")\n'
     assert translate.same_code(english, 'x = torch.ones(3)  # 三个 1\nprint(f"总和：{x.sum():.1f}", "完成")\n') is None
-    assert translate.same_code(english, "# 先建张量\nx = torch.ones(3)\n# 再打印\nprint(f'总和：{x.sum():.1f}', '完成')\n") is None
+    assert translate.same_code(
+        english, "# 先建张量\nx = torch.ones(3)\n# 再打印\nprint(f'总和：{x.sum():.1f}', '完成')\n") is None
     renamed = translate.same_code(english, 'y = torch.ones(3)  # 三个 1\nprint(f"sum: {x.sum():.1f}", "done")\n')
     assert renamed == "line 1: 'y' where the English code has 'x'"
-    assert translate.same_code(english, 'x = torch.ones(4)\nprint(f"sum: {x.sum():.1f}", "done")\n').startswith("line 1: '4'")
+    assert translate.same_code(english, 'x = torch.ones(4)\nprint(f"sum: {x.sum():.1f}", "done")\n').startswith(
+        "line 1: '4'")
     assert translate.same_code(english, 'x = torch.ones(3)\n') is not None  # a line left out
     assert translate.same_code(english, 'x = (torch.ones(3)\n').startswith("not Python code")
 

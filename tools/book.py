@@ -378,7 +378,8 @@ LANDING = """<!DOCTYPE html>
 <title>PyTorch in depth · PyTorch 深入</title>
 <link rel="icon" href="en/_static/course-icon.svg">
 <style>
-body {{ font-family: system-ui, sans-serif; max-width: 40rem; margin: 4rem auto; padding: 0 1rem; line-height: 1.6; color: #1a1a1a; }}
+body {{ font-family: system-ui, sans-serif; max-width: 40rem; margin: 4rem auto; padding: 0 1rem; \
+line-height: 1.6; color: #1a1a1a; }}
 a {{ color: #0b5cad; font-size: 1.25rem; }}
 li {{ margin: 0.5rem 0; }}
 </style>

@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         srows = stress(paths, args.runs)
         print("\n" + table(srows, "notebook"))
         return 1 if any(r.failed for r in srows) else 0
-    print(f"Executing each notebook {args.runs} time(s) in a fresh kernel on {os.cpu_count()} CPU cores ...", flush=True)
+    print(f"Executing each notebook {args.runs} time(s) in a fresh kernel on {os.cpu_count()} CPU cores ...",
+          flush=True)
     rows = bench(paths, args.runs)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook':{width}s}  {'median s':>8s}  {'min s':>6s}  {'max s':>6s}")

@@ -244,10 +244,12 @@ def skeleton(nb_path: Path) -> int:
             src = "".join(cell["source"])
             if "'''" in src:
                 raise SystemExit(f"{nb_path.name} cell {cell['id']}: contains ''' (cannot be a TOML literal)")
-            added.append(f'["{cell["id"]}"]\nhash = "{text_hash(src)}"\nen = {json.dumps(first_words(src), ensure_ascii=False)}\n'
+            added.append(f'["{cell["id"]}"]\nhash = "{text_hash(src)}"\n'
+                         f'en = {json.dumps(first_words(src), ensure_ascii=False)}\n'
                          f"zh = '''\n{src}'''\n")
     if added:
-        head = "" if path.exists() else f"# {nb_path.name} in Chinese: one table per Markdown cell (see tools/translate.py).\n\n"
+        head = ("" if path.exists()
+                else f"# {nb_path.name} in Chinese: one table per Markdown cell (see tools/translate.py).\n\n")
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(head + "\n".join(added))
     return len(added)

@@ -92,7 +92,8 @@ class RoomPasswordAuthenticator(SharedPasswordAuthenticator):
             raise SignInRefused(self._say(
                 f"The name {name} is free. To take it, type the room password your instructor gave you in the "
                 "third field, and choose your own password (you will type it to sign in again).",
-                f"名字 {name} 还没有人用。要使用它，请在第三个输入框中填写讲师给的教室密码，并设置你自己的密码（以后用它登录）。"))
+                f"名字 {name} 还没有人用。"
+                "要使用它，请在第三个输入框中填写讲师给的教室密码，并设置你自己的密码（以后用它登录）。"))
         if not self._same(room_password, self.user_password):
             raise SignInRefused(self._say("The room password is not right: ask your instructor.",
                                           "教室密码不对：请问讲师。"))

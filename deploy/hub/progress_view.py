@@ -92,7 +92,8 @@ def table(learners: list[Learner], known: dict[str, list[str]]) -> list[dict]:
             for exercise, state in states.items():
                 mine = [r for r in learner.records if r["chapter"] == chapter and r["exercise"] == exercise]
                 rows.append({"learner": learner.name, "chapter": chapter, "exercise": exercise, "state": state,
-                             "checks": len(mine), "last_check": max((str(r.get("time", "")) for r in mine), default="")})
+                             "checks": len(mine),
+                             "last_check": max((str(r.get("time", "")) for r in mine), default="")})
     return rows
 
 
@@ -140,11 +141,13 @@ def page_html(learners: list[Learner], known: dict[str, list[str]], titles: dict
         cells = [f"<td>{esc(x.name)}</td>"]
         last = x.last_check.replace("T", " ").rstrip("Z")
         note = x.error or x.stale
-        cells.append(f"<td>{esc(last) or '-'}" + (f" <span class='note'>({esc(note)})</span>" if note else "") + "</td>")
+        cells.append(f"<td>{esc(last) or '-'}" + (f" <span class='note'>({esc(note)})</span>" if note else "")
+                     + "</td>")
         done_all = total = 0
         for ch, names in known.items():
             row = states[x.name].get(ch, {})
-            marks = "".join(f"<span class='{s.replace(' ', '-')}' title='{esc(ex)}: {esc(state_word(s))}'>{MARKS[s]}</span>"
+            marks = "".join(f"<span class='{s.replace(' ', '-')}' title='{esc(ex)}: {esc(state_word(s))}'>"
+                            f"{MARKS[s]}</span>"
                             for ex, s in ((ex, row.get(ex, 'not yet')) for ex in names))
             done = sum(row.get(ex) == "done" for ex in names)
             done_all, total = done_all + done, total + len(names)
@@ -172,11 +175,13 @@ def page_html(learners: list[Learner], known: dict[str, list[str]], titles: dict
  · <a href="{esc(base)}?lang={other[0]}">{other[1]}</a></p>
 <p>{legend}</p>
 <table id="learners"><tr>{''.join(head)}</tr>
-{chr(10).join(body) or '<tr><td colspan="99">' + esc(tr('Nobody has signed in yet.', '还没有学员登录。')) + '</td></tr>'}
+{chr(10).join(body) or '<tr><td colspan="99">' + esc(tr('Nobody has signed in yet.', '还没有学员登录。'))
+ + '</td></tr>'}
 </table>
 <h2>{esc(tr('Exercise by exercise', '逐题统计'))}</h2>
 <table id="exercises"><tr><th>{esc(tr('chapter', '章节'))}</th><th>{esc(tr('exercise', '练习'))}</th>
-{''.join(f'<th>{esc(state_word(s))}</th>' for s in STATES)}<th>{esc(tr('tried, not yet done', '尝试过但未完成'))}</th></tr>
+{''.join(f'<th>{esc(state_word(s))}</th>' for s in STATES)}<th>{esc(tr('tried, not yet done',
+                                                                        '尝试过但未完成'))}</th></tr>
 {chr(10).join(by_ex)}
 </table>
 <p class="note">{esc(tr('From each learner’s own progress records (every q.check()); nothing else is read.',

@@ -154,8 +154,9 @@ def reach_problem(path: str | os.PathLike, what: str) -> str | None:
         return None
     folder, missing = found
     mode = stat.filemode(folder.stat().st_mode)
-    let = (f"let other accounts pass it (`chmod {missing} {folder}`: they can then open the files below it whose "
-           "names they know, not list it)") if missing == "o+x" else f"let other accounts read it (`chmod {missing} {folder}`)"
+    let = ((f"let other accounts pass it (`chmod {missing} {folder}`: they can then open the files below it whose "
+            "names they know, not list it)") if missing == "o+x"
+           else f"let other accounts read it (`chmod {missing} {folder}`)")
     return (f"the learners' accounts cannot reach {what} ({Path(path).resolve()}): {folder} is {mode}, and every "
             f"learner's server runs as its own account. Either {let}, or clone the course to a shared place such "
             "as /srv/pytorch-in-depth, run `make setup` there and start the room from that folder.")

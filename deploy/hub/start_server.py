@@ -55,7 +55,8 @@ def pull(repo: str, branch: str, target: Path) -> bool:
         return False
     if r.returncode != 0:
         lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()][-12:]
-        _log(f"updating {target} from {repo} ({branch}) failed; starting on the copy as it is:\n  " + "\n  ".join(lines))
+        _log(f"updating {target} from {repo} ({branch}) failed; starting on the copy as it is:\n  "
+             + "\n  ".join(lines))
         return False
     _log(f"{target} is up to date with {repo} ({branch})")
     return True

@@ -8,7 +8,8 @@ has finished training and goes to the final barrier, as in the source's loop aft
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/collective_mismatch.py
         hangs, like the DDP job (each rank waits for the other); stop it with Ctrl+C
-    TORCH_DISTRIBUTED_DEBUG=DETAIL python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/collective_mismatch.py
+    TORCH_DISTRIBUTED_DEBUG=DETAIL python -m torch.distributed.run --standalone --nproc-per-node 2 \
+scripts/collective_mismatch.py
         fails at once: before every collective, each rank compares what it is about to run with
         what the other ranks run, and raises "Detected mismatch between collectives on ranks"; each
         rank prints what it was running, and the job fails as rank 0

@@ -115,7 +115,8 @@ def step_times(model: DDP, x: torch.Tensor, dev, steps: int) -> dict:
                      "overlapped": overlapped, "comm": comm, "buckets": len(buckets),
                      "bucket_bytes": [b for _, _, b in buckets]})
     rows = rows[1:]
-    med = {k: statistics.median(r[k] for r in rows) for k in ("backward", "compute_end", "exposed", "overlapped", "comm")}
+    med = {k: statistics.median(r[k] for r in rows)
+           for k in ("backward", "compute_end", "exposed", "overlapped", "comm")}
     return {**med, "buckets": rows[-1]["buckets"], "bucket_bytes": rows[-1]["bucket_bytes"]}
 
 

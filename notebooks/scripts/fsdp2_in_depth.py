@@ -4,7 +4,8 @@ another number of ranks loads, activation checkpointing, and ZeroRedundancyOptim
 
 Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/fsdp2_in_depth.py --ckpt /tmp/fsdp2/ckpt --out /tmp/fsdp2
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/fsdp2_in_depth.py \
+--ckpt /tmp/fsdp2/ckpt --out /tmp/fsdp2
     python -m torch.distributed.run --standalone --nproc-per-node 3 scripts/fsdp2_in_depth.py --load /tmp/fsdp2/ckpt
     # --ckpt: the checkpoint's folder, which --load reads on another number of ranks; --out: each rank's JSON record
     # or, in a notebook: course_utils.launch.torchrun("scripts/fsdp2_in_depth.py", nproc=2, args=[...])
@@ -86,8 +87,10 @@ def mixed_precision(mesh, dev, r, n, gloo: bool) -> dict:
     (_, _), (x, y) = data(r, n, dev, torch.float32)
     grads, seen, sent = {}, {}, {}
     policies = {"float32": None,
-                "bf16 compute, fp32 reduce": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
-                "bf16 compute, bf16 reduce": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)}
+                "bf16 compute, fp32 reduce": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                  reduce_dtype=torch.float32),
+                "bf16 compute, bf16 reduce": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                  reduce_dtype=torch.bfloat16)}
     for name, policy in policies.items():
         model = shard(make(torch.float32, dev), mesh, **({"mp_policy": policy} if policy else {}))
         dtypes: dict[str, str] = {}

@@ -3,7 +3,8 @@ its gradient and its optimizer state; a sharded checkpoint is saved and loaded b
 
 Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/fsdp_demo.py --ckpt /tmp/ckpt  # on several nodes: a shared folder
+    python -m torch.distributed.run --standalone --nproc-per-node 2 scripts/fsdp_demo.py \
+--ckpt /tmp/ckpt  # on several nodes: a shared folder
     # or, in a notebook: course_utils.launch.torchrun("scripts/fsdp_demo.py", nproc=2, args=[...])
 
 The checkpoint is written with ``torch.distributed.checkpoint`` (one file per rank plus
@@ -44,7 +45,8 @@ def build(mesh) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="folder for the sharded checkpoint (on several nodes: one every node shares)")
+    parser.add_argument("--ckpt", required=True,
+                        help="folder for the sharded checkpoint (on several nodes: one every node shares)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", default=None, help="folder for the per-rank JSON record")
     args = parser.parse_args()
@@ -107,7 +109,8 @@ def main() -> None:
     state = {"model": m2, "optim": o2}
     dcp.load(state, checkpoint_id=args.ckpt)
     set_state_dict(model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    same = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(model.parameters(), model2.parameters(), strict=True))
+    same = all(torch.equal(a.to_local(), b.to_local())
+               for a, b in zip(model.parameters(), model2.parameters(), strict=True))
     x, y = next(iter(loader))
     losses = []
     for mdl, o in ((model, opt), (model2, opt2)):  # one more step on each: optimizer state restored too
@@ -116,7 +119,8 @@ def main() -> None:
         loss.backward()
         o.step()
         losses.append(loss.item())
-    after = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(model.parameters(), model2.parameters(), strict=True))
+    after = all(torch.equal(a.to_local(), b.to_local())
+                for a, b in zip(model.parameters(), model2.parameters(), strict=True))
     rprint(f"reloaded shards equal the saved ones: {same}; one more AdamW step on both: equal again: {after}")
 
     if args.out:

@@ -129,7 +129,8 @@ def evaluate(mode: str, model: Counted, test: TensorDataset, ctx, epoch: int) ->
         counts = torch.tensor([correct, seen], dtype=torch.int64, device=ctx.device)
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
         total, n = (int(v) for v in counts.tolist())
-        rprint(f"epoch {epoch}: {correct}/{seen} correct on its shard, all-reduced accuracy {total}/{n} = {total / n:.4f}")
+        rprint(f"epoch {epoch}: {correct}/{seen} correct on its shard, "
+               f"all-reduced accuracy {total}/{n} = {total / n:.4f}")
     if mode in ("module", "both"):
         # model.module is the plain nn.Module inside the wrapper: its forward runs no collective.
         if ctx.rank == 0:

@@ -297,9 +297,9 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
         dist.gather_object({"rng": get_rng_state(), "partial": mine}, rng_states, dst=0)  # to rank 0 only
         problem = None
         if rank0:  # epoch: the number of completed epochs, where the resumed loop starts
-            state = {"id": os.urandom(8).hex(), "epoch": epochs_done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "rng": [r["rng"] for r in rng_states],
-                     "config": dataclasses.asdict(cfg),
+            state = {"id": os.urandom(8).hex(), "epoch": epochs_done, "model": model.state_dict(),
+                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                     "rng": [r["rng"] for r in rng_states], "config": dataclasses.asdict(cfg),
                      "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
             if steps_done:
                 state.update(step=steps_done, partial=[r["partial"] for r in rng_states])
@@ -332,7 +332,7 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
             sums += torch.tensor(partial["sums"], dtype=torch.float64, device=device)
             t0, c0 = t0 - partial["train_s"], c0 - partial["train_cpu_s"]
             last_batch_loss = partial["last_batch_loss"]
-        bar = tqdm(total=steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None
+        bar = tqdm(total=steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False) if show_bar else None  # noqa: E501 (kept on one line: chapter 05 shows the numbers of the lines below)
         with stop_signal_blocked():  # the workers start here, with SIGUSR1 held back until they ignore it
             batches = iter(train_loader)
         for step, (images, labels) in enumerate(batches, start=sampler.start // cfg.batch_size):
@@ -398,14 +398,14 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
         problem = None
         if rank0:  # epoch: the number of completed epochs, where the resumed loop starts
             row = {"epoch": epoch + 1, "train_loss": train_loss, "last_batch_loss": last_batch_loss,
-                   "val_loss": val.loss, "val_acc": val.accuracy, "val_correct": val.correct,
-                   "val_total": val.total, "lr": scheduler.get_last_lr()[0], "train_s": train_s, "train_cpu_s": train_cpu_s,
-                   "elapsed_s": elapsed, "samples_per_s": sums[1].item() / t_train,
-                   "restart": restarts}
+                   "val_loss": val.loss, "val_acc": val.accuracy, "val_correct": val.correct, "val_total": val.total,
+                   "lr": scheduler.get_last_lr()[0], "train_s": train_s, "train_cpu_s": train_cpu_s,
+                   "elapsed_s": elapsed, "samples_per_s": sums[1].item() / t_train, "restart": restarts}
             if test is not None:
                 row.update(test_acc=test.accuracy, test_loss=test.loss)
-            state = {"id": os.urandom(8).hex(), "epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "rng": rng_states, "config": dataclasses.asdict(cfg),
+            state = {"id": os.urandom(8).hex(), "epoch": epoch + 1, "model": model.state_dict(),
+                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states,
+                     "config": dataclasses.asdict(cfg),
                      "extra": {"elapsed_s": elapsed, "train_s": train_s, "train_cpu_s": train_cpu_s}}
             try:  # the row first: a crash between the two leaves a row that resuming drops, never a gap
                 with open(metrics, "a") as f:
@@ -427,9 +427,9 @@ def train(cfg: TrainConfig, ctx: DistContext, stop: StopSignal | None = None) ->
     # 7. Final test accuracy, the same way.
     sync_buffers(model)
     test = evaluate(model, splits.test, ctx.rank, ctx.world_size, device, cfg.eval_batch_size, cfg.bf16)
-    summary = {"epochs": cfg.epochs, "test_acc": test.accuracy, "test_correct": test.correct,
-               "test_total": test.total, "test_loss": test.loss, "train_s": train_s, "elapsed_s": elapsed,
-               "world_size": ctx.world_size, "train_samples": n_train, "samples_per_s": cfg.epochs * n_train / max(train_s, 1e-9)}
+    summary = {"epochs": cfg.epochs, "test_acc": test.accuracy, "test_correct": test.correct, "test_total": test.total,
+               "test_loss": test.loss, "train_s": train_s, "elapsed_s": elapsed, "world_size": ctx.world_size,
+               "train_samples": n_train, "samples_per_s": cfg.epochs * n_train / max(train_s, 1e-9)}
     problem = None
     if rank0:
         try:

@@ -141,7 +141,8 @@ MATH = """() => {
     const math = [...document.querySelectorAll('.math')];
     return {count: math.length,
             untypeset: math.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 60)),
-            errors: [...document.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || e.textContent)};
+            errors: [...document.querySelectorAll('mjx-merror')]\
+.map(e => e.getAttribute('data-mjx-error') || e.textContent)};
 }"""
 MATHJAX_READY = """() => window.MathJax && MathJax.startup && MathJax.startup.promise
     ? MathJax.startup.promise.then(() => true) : true"""
@@ -167,7 +168,8 @@ def axe_problems(page) -> list[str]:
     for v in results.response.get("violations", []):
         if v.get("impact") in SERIOUS:
             targets = ", ".join(str(n.get("target")) for n in v.get("nodes", [])[:3])
-            found.append(f"axe {v['impact']} {v['id']}: {v['help']} ({len(v.get('nodes', []))} element(s), e.g. {targets})")
+            found.append(f"axe {v['impact']} {v['id']}: {v['help']} ({len(v.get('nodes', []))} element(s), "
+                         f"e.g. {targets})")
     return found
 
 

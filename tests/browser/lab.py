@@ -97,8 +97,10 @@ class Lab:
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError):
                 for sess in self.api("sessions"):
-                    names = (sess.get("path") or "", sess.get("name") or "", (sess.get("notebook") or {}).get("path") or "")
-                    if any(n.endswith(notebook) for n in names) and (sess.get("kernel") or {}).get("execution_state") == "idle":
+                    names = (sess.get("path") or "", sess.get("name") or "",
+                             (sess.get("notebook") or {}).get("path") or "")
+                    if (any(n.endswith(notebook) for n in names)
+                            and (sess.get("kernel") or {}).get("execution_state") == "idle"):
                         return
             time.sleep(0.5)
         raise TimeoutError(f"{notebook}: the lab started no kernel within {timeout_s:.0f} s; its log ends:\n"
@@ -142,7 +144,8 @@ class Lab:
         page.click(".lm-Menu-item:has-text('Run All Cells')")
         # the copy has no outputs and no execution counts: a prompt with a number or a star is this run's
         page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')]
-            .some(p => p.textContent.includes('*') || /\\[\\d+\\]/.test(p.textContent))""", timeout=START_TIMEOUT_S * 1000)
+            .some(p => p.textContent.includes('*') || /\\[\\d+\\]/.test(p.textContent))""",
+                               timeout=START_TIMEOUT_S * 1000)
         self.wait_idle(page, timeout_s)
         return time.monotonic() - t0
 
@@ -186,7 +189,8 @@ def course_lab(tmp: Path, notebooks: Path | None = None, command: str = "lab") -
                 urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5)
                 break
             except urllib.error.HTTPError as exc:
-                raise RuntimeError(f"JupyterLab answered {exc.code} to its own token:\n{log.read_text()[-3000:]}") from None
+                raise RuntimeError(f"JupyterLab answered {exc.code} to its own token:\n"
+                                   f"{log.read_text()[-3000:]}") from None
             except OSError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"JupyterLab did not answer within {START_TIMEOUT_S} s") from None

@@ -68,9 +68,11 @@ def save(page) -> None:
 CELLS = ".jp-Notebook .jp-WindowedPanel-viewport > .jp-Cell"  # the notebook's own cells, not cells shown in outputs
 DOM_CELLS = """() => [...document.querySelectorAll('""" + CELLS + """')].map(c => ({
     code: c.classList.contains('jp-CodeCell'),
-    widgetError: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.includes('Error displaying widget'),
+    widgetError: (c.querySelector('.jp-OutputArea') || {textContent: ''})\
+.textContent.includes('Error displaying widget'),
     widgetLoading: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.includes('Loading widget'),
-    widgetTraceback: [...c.querySelectorAll('.jp-OutputArea .widget-output')].some(o => o.innerText.includes('Traceback')),
+    widgetTraceback: [...c.querySelectorAll('.jp-OutputArea .widget-output')]\
+.some(o => o.innerText.includes('Traceback')),
     widgets: c.querySelectorAll('.jp-OutputArea .jupyter-widgets').length,
     images: [...c.querySelectorAll('.jp-OutputArea img')].map(i => i.complete && i.naturalWidth > 0),
 }))"""
@@ -109,11 +111,13 @@ def problems(saved: dict, dom: list[dict]) -> list[str]:
         if not all(view["images"]):
             found.append(f"{where}: an image did not render")
     if counts != list(range(1, len(counts) + 1)):  # one fresh kernel, every cell once, in order
-        found.append(f"the execution counts are {counts[:12]}..., not 1, 2, 3, ... in order: not one Run All in a fresh kernel")
+        found.append(f"the execution counts are {counts[:12]}..., not 1, 2, 3, ... in order: "
+                     "not one Run All in a fresh kernel")
     return found
 
 
-RENDERED = """() => ![...document.querySelectorAll('.jp-Notebook .jp-OutputArea')].some(a => a.textContent.includes('Loading widget'))
+RENDERED = """() => ![...document.querySelectorAll('.jp-Notebook .jp-OutputArea')]\
+.some(a => a.textContent.includes('Loading widget'))
     && [...document.querySelectorAll('.jp-Notebook .jp-OutputArea img')].every(i => i.complete)"""
 
 
@@ -214,15 +218,21 @@ PLT = "import matplotlib.pyplot as plt; "
 WIDGETS = {
     "00_start_here.ipynb": [
         ("f857490b", [("slider", "seed", "3")],
-         PLT + "from course_utils import ch00_start_here as gallery; d = gallery.GALLERY_DEFAULTS; gallery.show(d['split'], d['label'], d['n'], 3); plt.show()"),
+         PLT + "from course_utils import ch00_start_here as gallery; d = gallery.GALLERY_DEFAULTS; "
+               "gallery.show(d['split'], d['label'], d['n'], 3); plt.show()"),
         ("f857490b", [("toggle", "test")],
-         PLT + "from course_utils import ch00_start_here as gallery; d = gallery.GALLERY_DEFAULTS; gallery.show('test', d['label'], d['n'], 3); plt.show()"),
+         PLT + "from course_utils import ch00_start_here as gallery; d = gallery.GALLERY_DEFAULTS; "
+               "gallery.show('test', d['label'], d['n'], 3); plt.show()"),
     ],
     "01_autograd.ipynb": [
         ("226d7a89", [("slider", "x", "1.0")],
-         PLT + "from course_utils.ch01_autograd import sigmoid_example_text as t, sigmoid_example_figure as f; print(t(1.0, 3.0, 1.0)); f(1.0, 3.0, 1.0); plt.show()"),
+         PLT + "from course_utils.ch01_autograd import sigmoid_example_text as t, sigmoid_example_figure as f; "
+               "print(t(1.0, 3.0, 1.0)); f(1.0, 3.0, 1.0); plt.show()"),
         ("92dbbc30", [("slider", "step", "3")],
-         "import torch; from course_utils.ch01_autograd import step_view; x, w, b = (torch.tensor([v], requires_grad=True) for v in (2.0, 3.0, 1.0)); y = w * x + b; z = torch.sigmoid(y); print(step_view(z, {'x': x, 'w': w, 'b': b, 'y': y, 'z': z}, 2).text)"),
+         "import torch; from course_utils.ch01_autograd import step_view; "
+         "x, w, b = (torch.tensor([v], requires_grad=True) for v in (2.0, 3.0, 1.0)); "
+         "y = w * x + b; z = torch.sigmoid(y); "
+         "print(step_view(z, {'x': x, 'w': w, 'b': b, 'y': y, 'z': z}, 2).text)"),
     ],
     "02_nn_module.ipynb": [
         ("962d3551", [("slider", "depth", "1")],
@@ -232,24 +242,33 @@ WIDGETS = {
     ],
     "03_data_loading.ipynb": [
         ("96c4b707", [("slider", "seed", "2")],
-         PLT + "d = loading.BATCH_BROWSER_DEFAULTS; v = loading.batch_view(y_imb.tolist(), d['batch_size'], d['shuffle'], 2, d['sampler'], d['epoch'], d['batch']); print('indices:', v.indices); loading.draw_batch_view(v, X[keep], None); plt.show()"),
+         PLT + "d = loading.BATCH_BROWSER_DEFAULTS; "
+               "v = loading.batch_view(y_imb.tolist(), d['batch_size'], d['shuffle'], 2, d['sampler'], d['epoch'], "
+               "d['batch']); "
+               "print('indices:', v.indices); loading.draw_batch_view(v, X[keep], None); plt.show()"),
     ],
     "04_distributed.ipynb": [
         ("a91a555d", [("checkbox", "shuffle")],
-         PLT + "from course_utils.ch04_distributed import draw_sampler, EXPLORER_DEFAULTS as d; draw_sampler(d['n'], d['world_size'], d['epoch'], not d['shuffle'], d['drop_last'], d['seed']); plt.show()"),
+         PLT + "from course_utils.ch04_distributed import draw_sampler, EXPLORER_DEFAULTS as d; "
+               "draw_sampler(d['n'], d['world_size'], d['epoch'], not d['shuffle'], d['drop_last'], d['seed']); "
+               "plt.show()"),
     ],
     "05_full_pipeline.ipynb": [
         ("b025e670", [("slider", "samples", "100")], "print(padding_report(100, 2))"),
     ],
     "06_pitfalls.ipynb": [
         ("50adadd5", [("checkbox", "model.train() forgotten after validation")],
-         "from IPython.display import display; import matplotlib.pyplot as plt; c = ['no_zero_grad', 'no_train_after_eval']; f = pitfalls.switchboard_figure(c); display(f); plt.close(f); print(pitfalls.switchboard_summary(c))"),
+         "from IPython.display import display; import matplotlib.pyplot as plt; "
+         "c = ['no_zero_grad', 'no_train_after_eval']; f = pitfalls.switchboard_figure(c); display(f); plt.close(f); "
+         "print(pitfalls.switchboard_summary(c))"),
     ],
     "07_parallelism.ipynb": [
         ("a306bad7", [("slider", "micro-batches", "4")],
-         PLT + "from course_utils.ch07_parallelism import draw_schedule, SCHEDULE_DEFAULTS as d; draw_schedule(d['stages'], 4, d['schedule']); plt.show()"),
+         PLT + "from course_utils.ch07_parallelism import draw_schedule, SCHEDULE_DEFAULTS as d; "
+               "draw_schedule(d['stages'], 4, d['schedule']); plt.show()"),
         ("a306bad7", [("dropdown", "schedule", "GPipe")],
-         PLT + "from course_utils.ch07_parallelism import draw_schedule, SCHEDULE_DEFAULTS as d; draw_schedule(d['stages'], 4, 'GPipe'); plt.show()"),
+         PLT + "from course_utils.ch07_parallelism import draw_schedule, SCHEDULE_DEFAULTS as d; "
+               "draw_schedule(d['stages'], 4, 'GPipe'); plt.show()"),
     ],
 }
 
@@ -262,7 +281,8 @@ VIEW = """(cell) => {
         .filter(e => e.getAttribute('data-mime-type') !== 'application/vnd.jupyter.stderr')
         .map(e => e.innerText).join('\\n')).join('\\n');
     const pre = [...area.querySelectorAll('.widget-html pre')].map(p => p.innerText).join('\\n');
-    const images = [...area.querySelectorAll('img')].map(i => i.src.startsWith('data:') ? i.src : 'rendered:' + (i.naturalWidth > 0));
+    const images = [...area.querySelectorAll('img')]\
+.map(i => i.src.startsWith('data:') ? i.src : 'rendered:' + (i.naturalWidth > 0));
     const error = area.innerText.includes('Traceback') || area.innerText.includes('Error displaying widget');
     return {text: outs.length ? text : pre, images, error, shown: error ? area.innerText.slice(-1500) : ''};
 }"""
@@ -355,7 +375,8 @@ def use_widgets(lab, page, notebook: str, saved: dict) -> int:
         assert not now["error"], f"{cell_id}: the widget shows an error after {ops}:\n{now['shown']}"
         assert now != before, f"{cell_id}: the widget did not change after {ops}"
         assert _norm(now["text"]) == _norm(want["text"]), (
-            f"{cell_id} after {ops}: the widget shows\n{now['text'][:1500]}\nbut the plain function gives\n{want['text'][:1500]}")
+            f"{cell_id} after {ops}: the widget shows\n{now['text'][:1500]}\n"
+            f"but the plain function gives\n{want['text'][:1500]}")
         if not _matches(now, want):
             folder = FAILURES / notebook.removesuffix(".ipynb")
             folder.mkdir(parents=True, exist_ok=True)

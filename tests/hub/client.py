@@ -134,7 +134,8 @@ class Learner:
                                                 "kernel": {"name": "python3"}})
         assert r.status_code == 201, f"{self.name}: no kernel for {path}: {r.status_code} {r.text[:300]}"
         session = r.json()
-        ws_url = self.hub.url.replace("http", "ws", 1) + f"/user/{self.name}/api/kernels/{session['kernel']['id']}/channels"
+        ws_url = (self.hub.url.replace("http", "ws", 1)
+                  + f"/user/{self.name}/api/kernels/{session['kernel']['id']}/channels")
         ws = websocket.create_connection(ws_url + f"?session_id={uuid.uuid4().hex}", header=self._headers(),
                                          timeout=CELL_TIMEOUT_S)
         try:
@@ -204,8 +205,8 @@ class Kernel:
     def execute(self, code: str, timeout_s: float = CELL_TIMEOUT_S) -> tuple[list[dict], str]:
         msg_id = uuid.uuid4().hex
         self.ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "username": self.username, "session": self.session, "msg_type": "execute_request",
-                       "version": "5.3", "date": dt.datetime.now(dt.UTC).isoformat()},
+            "header": {"msg_id": msg_id, "username": self.username, "session": self.session,
+                       "msg_type": "execute_request", "version": "5.3", "date": dt.datetime.now(dt.UTC).isoformat()},
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
             "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},

@@ -146,7 +146,8 @@ class Lane:
                 if requests.get(f"{self.url}/hub/api/", timeout=5).status_code == 200:
                     return time.monotonic() - t0
             if time.monotonic() - t0 > START_TIMEOUT_S:
-                raise TimeoutError(f"the hub did not answer within {START_TIMEOUT_S} s:\n{self.log.read_text()[-4000:]}")
+                raise TimeoutError(f"the hub did not answer within {START_TIMEOUT_S} s:\n"
+                                   f"{self.log.read_text()[-4000:]}")
             time.sleep(0.5)
 
     def stop(self) -> float:
