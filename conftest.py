@@ -12,7 +12,11 @@
    not compared (``NBVAL_IGNORE_OUTPUT``), a warning that the stored output does not show fails
    the cell all the same: a PyTorch upgrade that starts warning is something to look at.
 3. Tests record no learner progress (course_utils.progress), whatever this computer's setting.
-4. A warning raised from the course's own code (``course_utils``, ``tools``, the scripts of
+4. Under ``--dist loadgroup`` (``make test``'s two workers): a notebook's cells share one kernel, so
+   they go to one worker, in order; the notebooks are handed out first (they are the longest pieces
+   of work) and each unit test then goes to whichever worker is free, so that the two workers end
+   together instead of one waiting while the other runs a long test file alone.
+5. A warning raised from the course's own code (``course_utils``, ``tools``, the scripts of
    ``notebooks/scripts/`` that tests import as ``notebooks.scripts.NAME``) is an error in the unit
    tests, as a new warning is in the notebooks. A test that expects one says so with
    ``pytest.warns``, which sees it all the same.
@@ -78,6 +82,31 @@ def pytest_configure(config):
     except ImportError:
         return
     nbval.kernel.start_new_kernel = _start_new_kernel_over_ipc
+
+
+def _notebook(nodeid: str) -> str | None:
+    """The notebook a test is a cell of (``notebooks/01_autograd.ipynb``), or None."""
+    path = nodeid.split("::", 1)[0]
+    return path if path.endswith(".ipynb") else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Notebooks first (see 4. above); the order is the same in every worker, as xdist requires."""
+    items.sort(key=lambda item: _notebook(item.nodeid) is None)  # stable: a notebook's cells stay in order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: each notebook one piece of work, each unit test one (xdist's own loadgroup
+    groups by a marker that it writes into the test's id, which pytest 9 no longer lets it change)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebooksWhole(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _notebook(nodeid) or nodeid
+
+    return NotebooksWhole(config, log)
 
 
 def pytest_collectstart(collector):

@@ -27,7 +27,7 @@ KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is 
 CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 NO_CACHE = ("-p", "no:cacheprovider")
-TWO_WORKERS = ("-n", "2", "--dist", "loadfile")  # notebooks in parallel, each one whole
+TWO_WORKERS = ("-n", "2", "--dist", "loadgroup")  # a notebook whole on one worker (conftest.py)
 
 
 @dataclass(frozen=True)
