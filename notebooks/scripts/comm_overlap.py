@@ -13,9 +13,9 @@ Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
 What gloo over loopback can and cannot show: the timing of overlap (an all-reduce launched while
 backward still computes) is real, and so are the bytes (Linux counts what each process writes to its
 sockets). The speed is not a network's: the "link" is the kernel copying memory, and gloo's thread
-that copies runs on the same CPU cores as the ranks' compute, so the time overlap saves here is small
-or none. On GPUs nccl moves the data with its own kernels over NVLink or the network while the
-compute kernels run.
+that copies runs on the same CPU cores as the ranks' compute, so the time overlap saves here depends
+on how busy those cores are and changes from run to run. On GPUs nccl moves the data with its own
+kernels over NVLink or the network while the compute kernels run.
 
 The timings mean something on gloo only. With nccl the totals (backward, the sequential baseline) are
 taken after ``torch.cuda.synchronize``, but a bucket's interval is when the CPU handed it to nccl and
