@@ -4,6 +4,7 @@ ranks, each part's equality or measurement asserted."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -126,6 +127,40 @@ def test_the_collective_counter_counts_what_reaches_the_dispatcher():
             dist.broadcast(t, src=0)
             torch.mm(torch.ones(2, 2), torch.ones(2, 2))
         assert c.counts == {"all_reduce": 1, "broadcast": 1}
+
+
+def _script(name):
+    """A script of notebooks/scripts imported as a module (its main() not run)."""
+    spec = importlib.util.spec_from_file_location(f"ch07_script_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ddp_all_reduces_in_no_sync_backward_unless_the_forward_ran_in_no_sync_too():
+    """comm_overlap.py's baseline without overlap: DDP decides at the forward whether the backward will
+    all-reduce, so a backward alone inside no_sync() still all-reduces."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    overlap = _script("comm_overlap")
+    with single_process_group():
+        model = DDP(overlap.make(torch.device("cpu")), bucket_cap_mb=1)
+        state = {"calls": 0}
+        model.register_comm_hook(state, overlap.counting_hook)
+        x = torch.randn(4, overlap.WIDTH)
+        calls = {}
+        for inside in ("backward", "forward and backward", "backward"):
+            state["calls"] = 0
+            if inside == "backward":
+                loss = model(x).pow(2).mean()
+                with model.no_sync():
+                    loss.backward()
+            else:
+                with model.no_sync():
+                    model(x).pow(2).mean().backward()
+            calls.setdefault(inside, []).append(state["calls"])
+    # a backward alone in no_sync(): 1 bucket at the first step (DDP has not seen the order yet), then 8
+    assert calls == {"backward": [1, 8], "forward and backward": [0]}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/io is Linux's")
@@ -290,6 +325,7 @@ def test_overlap_on_3_ranks_sends_the_ring_models_bytes(tmp_path):
     assert abs(ratios["reduce_scatter 3 MiB"] - 2) < 0.01  # gloo: an all-reduce, then this rank's chunk
     assert {k: v["buckets"] for k, v in rec["sweep"].items()} == {"1.0": 8, "25.0": 1}
     assert rec["sweep"]["25.0"]["overlapped"] == 0.0
+    assert rec["sequential"]["allreduces_in_backward"] == 0  # forward and backward inside no_sync()
     end = max(e for _, e, _ in rec["trace"]["compute"])
     assert sum(1 for s, _, _ in rec["trace"]["launch"] if s < end) >= 7
 

@@ -1,5 +1,6 @@
 """Overlap, measured: a DDP step traced with ``torch.profiler`` (the gradient all-reduces run while
-backward computes), a ``bucket_cap_mb`` sweep, the communication that stays exposed after backward,
+backward computes), a ``bucket_cap_mb`` sweep, the communication that stays exposed after backward, a
+step without overlap (forward and backward inside ``no_sync()``, then one all-reduce of every gradient),
 and the ring model of an all-reduce held against the bytes each rank really sent.
 
 Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
@@ -12,14 +13,15 @@ Run from the notebooks/ folder (gloo on the CPU, nccl on GPUs):
 What gloo over loopback can and cannot show: the timing of overlap (an all-reduce launched while
 backward still computes) is real, and so are the bytes (Linux counts what each process writes to its
 sockets). The speed is not a network's: the "link" is the kernel copying memory, and gloo's thread
-that copies runs on the same CPU cores as the ranks' compute, so the time overlap saves here is small
-or none. On GPUs nccl moves the data with its own kernels over NVLink or the network while the
-compute kernels run.
+that copies runs on the same CPU cores as the ranks' compute, so the time overlap saves here depends
+on how busy those cores are and changes from run to run. On GPUs nccl moves the data with its own
+kernels over NVLink or the network while the compute kernels run.
 
 The timings mean something on gloo only. With nccl the totals (backward, the sequential baseline) are
 taken after ``torch.cuda.synchronize``, but a bucket's interval is when the CPU handed it to nccl and
-when its future's callback ran on the CPU, not when the GPU ran the all-reduce (for that, a profiler
-trace with ``ProfilerActivity.CUDA``); the script says so when it runs on nccl. The bytes are measured
+when its future's callback ran on the CPU, not when the GPU ran the all-reduce, and the profiler's CPU
+events ``nccl:all_reduce`` span the enqueue only (for the GPU's time, a profiler trace with
+``ProfilerActivity.CUDA``); the script says so when it runs on nccl. The bytes are measured
 on gloo only. On 2 ranks a ring sends each rank's whole tensor once (2(N - 1)/N = 1), as a direct
 exchange would: ``--bytes-only`` on 3 or more ranks tells them apart (a ring 4/3, a direct exchange 2).
 """
@@ -66,6 +68,12 @@ def timing_hook(state, bucket):
         return f.value()
 
     return fut.then(done)
+
+
+def counting_hook(state, bucket):
+    """A DDP communication hook: the default all-reduce, counted in ``state["calls"]``."""
+    state["calls"] += 1
+    return default_hooks.allreduce_hook(None, bucket)
 
 
 def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -206,8 +214,9 @@ def main() -> None:
         cleanup()
         return
     if not gloo:
-        rprint("nccl: the bucket intervals below are CPU-side (launch, then the future's callback), not the GPU's "
-               "all-reduces; only the synchronised totals are GPU time")
+        rprint("nccl: the profiler's nccl:all_reduce events and the bucket intervals below are CPU-side (the "
+               "enqueue; launch, then the future's callback), not the GPU's all-reduces; only the synchronised "
+               "totals are GPU time")
 
     # 1. The profiler's view of one step with 1 MiB buckets.
     model = DDP(make(dev), bucket_cap_mb=1)
@@ -227,27 +236,34 @@ def main() -> None:
         rprint(f"bucket_cap_mb={cap:<5g} {res['buckets']:>2} buckets; backward {1000 * res['backward']:6.1f} ms, "
                f"all-reduces {1000 * res['comm']:5.1f} ms of which {1000 * res['overlapped']:5.1f} ms during "
                f"backward's compute; exposed after it {1000 * res['exposed']:5.1f} ms")
-    # Without overlap: backward alone (no_sync), then one all-reduce of every gradient at the end.
+    # Without overlap: backward alone, then one all-reduce of every gradient at the end. DDP decides at the
+    # forward whether the backward will all-reduce (the forward prepares the reducer unless no_sync() is on),
+    # so the forward runs inside no_sync() too: with only the backward inside, every bucket would still be
+    # all-reduced during it. A counting hook checks that none is.
     model = DDP(make(dev), bucket_cap_mb=1)
-    times = []
+    hooked = {"calls": 0}
+    model.register_comm_hook(hooked, counting_hook)
+    times, calls = [], []
     for _ in range(args.steps + 1):
         model.zero_grad(set_to_none=True)
-        loss = model(x).pow(2).mean()
-        sync(dev)
-        dist.barrier()
-        t0 = time.perf_counter()
+        hooked["calls"] = 0
         with model.no_sync():
+            loss = model(x).pow(2).mean()
+            sync(dev)
+            dist.barrier()
+            t0 = time.perf_counter()
             loss.backward()
-        sync(dev)
-        t1 = time.perf_counter()
+            sync(dev)
+            t1 = time.perf_counter()
+        calls.append(hooked["calls"])
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         dist.all_reduce(flat)
         sync(dev)
         times.append((t1 - t0, time.perf_counter() - t1))
     compute, comm = (statistics.median(t[i] for t in times[1:]) for i in (0, 1))
-    record["sequential"] = {"compute": compute, "comm": comm}
-    rprint(f"no overlap: backward alone {1000 * compute:.1f} ms, then one all-reduce of all gradients "
-           f"{1000 * comm:.1f} ms")
+    record["sequential"] = {"compute": compute, "comm": comm, "allreduces_in_backward": max(calls)}
+    rprint(f"no overlap: backward alone {1000 * compute:.1f} ms ({max(calls)} all-reduces during it), then one "
+           f"all-reduce of all gradients {1000 * comm:.1f} ms")
 
     # 3. The ring model against the bytes sent.
     if gloo:

@@ -12,6 +12,8 @@ A step is what data parallelism does: forward and backward on this rank's batch,
 the gradients, which no rank can finish before every rank has joined it. Rank --slow-rank sleeps
 --delay seconds in every step (a slow disk, a throttled GPU, a noisy neighbour). Each rank times its
 compute and its wait in the all-reduce; the profiler and the flight recorder see the same from inside.
+The profiler's view holds on gloo only: with nccl its CPU events ``nccl:all_reduce`` span the enqueue of
+the all-reduce, not the GPU's wait for the slow rank (the script says so when it runs on nccl).
 """
 
 from __future__ import annotations
@@ -178,6 +180,9 @@ def main() -> None:
     in_collective = sum(e.time_range.elapsed_us() for e in prof.events()
                         if e.name.startswith(("gloo:all_reduce", "nccl:all_reduce"))) / 1000
     record["profiler_allreduce_ms"] = in_collective
+    if ctx.backend == "nccl":
+        rprint("nccl: profiler_allreduce_ms is the CPU's time in nccl:all_reduce, the enqueue only, not the GPU's "
+               "all-reduce or its wait for the slow rank (a trace with ProfilerActivity.CUDA shows those)")
 
     # 3. Finding the straggler. (a) Per-rank timings, gathered: the one that computes longest.
     computes = gather(slowed["compute"], n)
