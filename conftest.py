@@ -95,6 +95,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _notebook(item.nodeid) is None)  # stable: a notebook's cells stay in order
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (-p no:xdist) must not reject it
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: each notebook one piece of work, each unit test one (xdist's own loadgroup
     groups by a marker that it writes into the test's id, which pytest 9 no longer lets it change)."""
