@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import socket
 from pathlib import Path
 
@@ -540,6 +541,53 @@ def test_torchrun_passes_sigusr1_on_to_the_workers_only_when_told(tmp_path, hand
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         launcher.wait(timeout=30)
+
+
+SBATCH = ROOT / "notebooks" / "scripts" / "slurm_ddp.sbatch"
+_STOPPED = "signal SIGUSR1: stopped after step 16 of epoch 1; last.pt saved: the same command resumes from there"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="the sbatch file is a bash script")
+@pytest.mark.parametrize(("said", "status", "stopped"), [
+    ("test accuracy 97.49% (350/359), test loss 0.093", 0, False),
+    ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", 1, False),
+    (_STOPPED, 1, True),  # torchrun exits 1 after passing the signal on; train.py saved last.pt
+], ids=["finished", "failed", "stopped-at-the-signal"])
+@pytest.mark.parametrize("requeue", [False, True], ids=["as-shipped", "requeue-uncommented"])
+def test_sbatch_file_keeps_srun_status_and_requeues_only_after_a_stop(tmp_path, said, status, stopped, requeue):
+    """Chapter 04's sbatch file past its srun, with stand-ins for srun and scontrol: srun's exit status
+    does not end the script (set -e) before it can requeue; the job ends with that status; the stop at
+    the signal is recognised by train.py's line (the one the tests above read in real runs), and only
+    then does the requeue line, once uncommented as the file says, requeue the job."""
+    import stat
+    import subprocess
+
+    assert "stopped after step" in SCRIPT.read_text() and "stopped after step" in _STOPPED
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {"srun": 'printf "%s\\n" "$SRUN_SAYS"\nexit "$SRUN_STATUS"\n',
+             "scontrol": 'if [ "$1" = show ]; then echo node1; echo node2; else echo "$*" >> "$SCONTROL_LOG"; fi\n'}
+    for name, body in stubs.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    text = SBATCH.read_text()
+    line = '  # scontrol requeue "$SLURM_JOB_ID"\n'
+    assert text.count(line) == 1, "the requeue line to uncomment"
+    job = tmp_path / "job.sbatch"
+    job.write_text(text.replace(line, line.replace("# ", "", 1)) if requeue else text)
+    tmp, requeues = tmp_path / "tmp", tmp_path / "scontrol.log"
+    tmp.mkdir()
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", TMPDIR=str(tmp),
+               SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2",
+               SLURM_CPUS_PER_TASK="2", NPROC_PER_NODE="2", SRUN_SAYS=said, SRUN_STATUS=str(status),
+               SCONTROL_LOG=str(requeues))
+    env.pop("SLURM_GPUS_ON_NODE", None)
+    run = subprocess.run(["bash", str(job)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == status, run.stdout + run.stderr
+    assert said in run.stdout, run.stdout  # srun's output still reaches the job's output file
+    assert ("the same sbatch command resumes from it" in run.stdout) == stopped, run.stdout
+    assert (requeues.read_text() if requeues.exists() else "") == ("requeue 4242\n" if stopped and requeue else "")
+    assert list(tmp.iterdir()) == []  # the copy of srun's output is removed
 
 
 def test_resume_without_the_random_state_is_not_exact(world_of_one, tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ Resumes from OUT_DIR/last.pt when it exists, so the same command continues an in
 run, and ``torchrun --max-restarts 1`` survives a rank that dies (try ``--crash-at-epoch 2``).
 Rank 0 alone decides whether to resume; every rank then loads the checkpoint it names from OUT_DIR
 itself (each onto its own device), and a rank that cannot (node-local disks: only rank 0 writes) gets it
-from rank 0 over the network, so the replicas never disagree. Which node gets rank 0 is the
-rendezvous' choice, so keep OUT_DIR on a filesystem every node shares. A
+from rank 0 over the network, so the replicas never disagree. Which node gets rank 0 is the c10d
+rendezvous' choice (static: --node-rank 0), so keep OUT_DIR on a filesystem every node shares. A
 damaged checkpoint or metrics file, one of another number of processes, a folder that another run is
 using, or a full disk is refused with what to do (exit code 2, every rank stopping).
 

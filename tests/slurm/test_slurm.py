@@ -60,8 +60,10 @@ def _output(notebooks, job):
 def test_sigusr1_leaves_a_checkpoint_that_a_resubmitted_job_resumes(tmp_path):
     """The time-limit warning of the sbatch file (--signal=USR1@120), sent now with `scancel
     --signal=USR1`: torchrun passes it on (--signals-to-handle), every rank of both nodes stops after
-    the same step, rank 0 saves last.pt, and the same sbatch command, submitted again, resumes from it
-    and finishes. The checkpoint folder is shared by both nodes (one machine here)."""
+    the same step, rank 0 saves last.pt, the batch script, not ended by torchrun's exit code 1, recognises
+    the stop (where it would requeue the job, its requeue line uncommented), and the same sbatch
+    command, submitted again, resumes from it and finishes. The checkpoint folder is shared by both
+    nodes (one machine here)."""
     import time
 
     import torch
@@ -84,6 +86,7 @@ def test_sigusr1_leaves_a_checkpoint_that_a_resubmitted_job_resumes(tmp_path):
         print(f"--- job {first}, sent SIGUSR1: {info.get('JobState')} {info.get('ExitCode')}\n{text}")
         ckpt = torch.load(run / "last.pt", weights_only=True)
         assert "signal SIGUSR1: stopped after step" in text and not (run / "final.pt").exists(), text[-4000:]
+        assert "stopped at the signal, last.pt saved: the same sbatch command resumes from it" in text, text[-4000:]
         assert len(ckpt["rng"]) == 4 and ckpt["epoch"] >= 1 and ckpt["epoch"] < 8, text[-4000:]
         done = (ckpt["epoch"], ckpt.get("step", 0))
 
