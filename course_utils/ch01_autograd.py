@@ -79,7 +79,8 @@ class Graph:
         """How many nodes there are, and how many are shown."""
         total = tr(f"{self.total:,} node" + ("" if self.total == 1 else "s"), f"{self.total:,} 个节点")
         shown = sum(n.kind in ("op", "leaf") for n in self.nodes)
-        more = tr(f"{total}; showing the {shown:,} nearest the output", f"{total}，只显示离输出最近的 {shown:,} 个")
+        more = tr(f"{total}; showing the {shown:,} nearest the output",
+                  f"{total}，只显示离输出最近的 {shown:,} 个")
         return more if self.truncated else total
 
 
@@ -214,7 +215,8 @@ def _label(n: GraphNode, show_values: bool, grads: Mapping | None = None) -> lis
         saved = tr(f"#{n.id} saved by #{n.saved_for}: {n.op}{who}", f"#{n.id} 由 #{n.saved_for} 保存：{n.op}{who}")
         parts = [saved, shape or tr("(freed)", "(已释放)")]
     elif n.kind == "more":
-        return [tr(f"#{n.id} ... {n.hidden:,} more nodes not shown", f"#{n.id} ……另有 {n.hidden:,} 个节点未显示")]
+        return [tr(f"#{n.id} ... {n.hidden:,} more nodes not shown",
+                   f"#{n.id} ……另有 {n.hidden:,} 个节点未显示")]
     else:
         parts = [tr(f"#{n.id} {n.name or 'tensor'} {shape}: no grad_fn, autograd recorded nothing",
                     f"#{n.id} {n.name or '张量'} {shape}：没有 grad_fn，autograd 什么也没有记录")]
@@ -228,7 +230,8 @@ def _label(n: GraphNode, show_values: bool, grads: Mapping | None = None) -> lis
 def _graph_text(g: Graph) -> str:
     lines = [tr(f"autograd graph of {g.root_name}: {g.note}", f"{g.root_name} 的计算图：{g.note}")]
     if len(g.nodes) > 1:
-        lines[0] += tr(" (backward starts at #0; '<-' lists a node's inputs)", "（反向传播从 #0 开始；“<-” 后面是节点的输入）")
+        lines[0] += tr(" (backward starts at #0; '<-' lists a node's inputs)",
+                       "（反向传播从 #0 开始；“<-” 后面是节点的输入）")
     for n in g.nodes:
         inputs = "  <- " + ", ".join(f"#{i}" for i in n.inputs) if n.inputs else ""
         lines.append(" ".join(_label(n, g.show_values)) + inputs)
@@ -394,14 +397,16 @@ def graph_alt_text(g: Graph, title: str, hot: Any = None) -> str:
     text = tr(f"{title}. An autograd graph drawn as boxes and arrows: {len(ops)} operation(s) "
               f"({', '.join(shown) or 'none'}) lead from the leaf tensor(s) {', '.join(leaves) or '(none shown)'} "
               f"to {g.root_name}.",
-              f"{title}。以方框和箭头画出的计算图：{len(ops)} 个运算（{'、'.join(shown) or '无'}），"
+              f"{title}。以方框和箭头画出的计算图：{len(ops)} "
+              f"个运算（{'、'.join(shown) or '无'}），"
               f"从{from_leaves}通向 {g.root_name}。")
     if g.truncated:
         text += tr(" The nodes farther from the output are left out.", "离输出较远的节点没有画出。")
     if hot is not None:
         text += tr(f" Highlighted: {_node_ref(g.nodes[hot])}, the node this step runs; the gradients it sends "
                    "are written on its arrows (the text below gives them).",
-                   f"高亮的是这一步运行的节点 {_node_ref(g.nodes[hot])}；它送出的梯度写在箭头上（下方文字列出）。")
+                   f"高亮的是这一步运行的节点 {_node_ref(g.nodes[hot])}；"
+                   "它送出的梯度写在箭头上（下方文字列出）。")
     return text
 
 
@@ -536,7 +541,8 @@ def format_step(step: Step, graph: Graph, n_steps: int | None = None) -> str:
     head = tr(f"step {i}{of}: {ref}", f"第 {i} 步{of}：{ref}")
     name, out, got = graph.nodes[step.node].name, graph.root_name, _grad_str(step.grad_output)
     if step.is_leaf:
-        why = tr(f"(AccumulateGrad stores d{out}/d{name or 'leaf'})", f"（AccumulateGrad 存下 d{out}/d{name or 'leaf'}）")
+        why = tr(f"(AccumulateGrad stores d{out}/d{name or 'leaf'})",
+                 f"（AccumulateGrad 存下 d{out}/d{name or 'leaf'}）")
         return f"{head}\n  {name or tr('the leaf', '叶子张量')}.grad += {got}   {why}"
     wrt = name or tr(f"(result of #{step.node})", f"(#{step.node} 的结果)")
     lines = [head, tr(f"  gradient in: d{out}/d{wrt} = {got}", f"  收到的梯度：d{out}/d{wrt} = {got}")]
@@ -552,7 +558,8 @@ def _step_picture(g: Graph, steps: Sequence[Step], index: int) -> GraphDrawing:
     if not 0 <= index < len(steps):
         raise IndexError(f"step must be between 0 and {len(steps) - 1}, not {index}.")
     i, n, step = index + 1, len(steps), steps[index]
-    title = tr(f"backward pass of {g.root_name}, step {i} of {n}", f"{g.root_name} 的反向传播：第 {i} 步（共 {n} 步）")
+    title = tr(f"backward pass of {g.root_name}, step {i} of {n}",
+               f"{g.root_name} 的反向传播：第 {i} 步（共 {n} 步）")
     grads = {s.node: _fmt_values(s.grad_output) for s in steps[: index + 1]}
     sent = {(t, step.node): _grad_str(gi) for t, gi in step.grad_inputs}
     return _picture(g, format_step(step, g, len(steps)), title, grads, step.node, sent)
@@ -609,7 +616,8 @@ def _sigmoid_numbers(x: float, w: float, b: float) -> tuple[dict[str, float], di
 def sigmoid_example_text(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> str:
     """A small table: each quantity by hand (float64) and by autograd (float32)."""
     hand, auto = _sigmoid_numbers(x, w, b)
-    head = tr(f"{'':6s} {'by hand':>11s} {'autograd':>11s}", f"{'':6s} {'手算':>9s} {'autograd':>11s}")  # 手算: 4 columns
+    head = tr(f"{'':6s} {'by hand':>11s} {'autograd':>11s}",
+              f"{'':6s} {'手算':>9s} {'autograd':>11s}")  # 手算: 4 columns
     rows = [f"x = {x:g}, w = {w:g}, b = {b:g}", head]
     for k in ("y", "z", "dz/dx", "dz/dw", "dz/db"):
         rows.append(f"{k:6s} {hand[k]:11.4e} {auto[k]:11.4e}")
@@ -642,7 +650,8 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     span = max(abs(v) for v in vals) or 1.0
     bx.set_xlim(-1.1 * span if min(vals) < 0 else 0, 1.1 * span if max(vals) > 0 else 0.1 * span)
     bx.axvline(0, color="0.3", lw=0.8)
-    bx.set(xlabel=tr("gradient (autograd)", "梯度（autograd）"), title="dz/dx = w*s'(y), dz/dw = x*s'(y), dz/db = s'(y)")
+    bx.set(xlabel=tr("gradient (autograd)", "梯度（autograd）"),
+           title="dz/dx = w*s'(y), dz/dw = x*s'(y), dz/db = s'(y)")
     bx.ticklabel_format(axis="x", style="sci", scilimits=(-2, 2))
     fig.tight_layout()
     grads = ", ".join(f"{k} = {auto[k]:.3e}" for k in keys[::-1])
@@ -651,7 +660,8 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
         f"Left: the S-shaped curve z = sigmoid(y), with the point y = {y:.2f}, z = {z:.4f} (x = {x:g}, w = {w:g}, "
         f"b = {b:g}) and its tangent, of slope {slope:.3e}. Right: a bar chart of the three gradients that "
         f"autograd gives: {grads}.",
-        f"左图：S 形曲线 z = sigmoid(y)，标出点 y = {y:.2f}，z = {z:.4f}（x = {x:g}，w = {w:g}，b = {b:g}）"
+        f"左图：S 形曲线 z = sigmoid(y)，标出点 y = {y:.2f}，z = {z:.4f}（x = {x:g}，w = "
+        f"{w:g}，b = {b:g}）"
         f"及其切线，斜率 {slope:.3e}。右图：autograd 给出的三个梯度的柱状图：{grads}。")
 
 

@@ -236,7 +236,8 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
 
     panels = [
         ("std", 1, tr("std of the layer's output", "该层输出的标准差"), tr("spread", "离散程度")),
-        ("zeros", 100, tr("outputs exactly 0 (%)", "恰好为 0 的输出（%）"), tr("zeros (ReLU, dropout)", "零值（ReLU、dropout）")),
+        ("zeros", 100, tr("outputs exactly 0 (%)", "恰好为 0 的输出（%）"),
+         tr("zeros (ReLU, dropout)", "零值（ReLU、dropout）")),
     ]
     if all("grad" in s for s in stats.values()):
         panels.append(("grad", 1, tr("norm of d loss / d output", "d loss / d output 的范数"),
@@ -257,13 +258,15 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     fig.tight_layout()
     layers = list(stats.items())
     std_en = "; ".join(f"{name} ({s['kind']}) std {s['std']:.3f}, {s['zeros']:.0%} zeros" for name, s in layers)
-    std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}" for name, s in layers)
+    std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}"
+                      for name, s in layers)
     grad = len(panels) == 3
     return describe_figure(
         fig,
         f"{len(panels)} bar charts, one bar per layer in forward order, of each layer's output spread, "
         f"its share of exact zeros{' and the norm of its gradient' if grad else ''}: {std_en}.",
-        f"{len(panels)} 个柱状图，每层一根柱子，按前向传播的顺序，画出每层输出的标准差、恰好为 0 的比例"
+        f"{len(panels)} 个柱状图，每层一根柱子，按前向传播的顺序，"
+        "画出每层输出的标准差、恰好为 0 的比例"
         f"{'以及梯度的范数' if grad else ''}：{std_zh}。")
 
 
@@ -349,11 +352,12 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
         ax.set_yscale("log")
         ax.set_xticks(range(0, len(depths) + 1, 5))
         title = f"{len(depths)} x [Linear({width}, {width}) + {act}]"
-        ax.set(xlabel=tr("layer (depth)", "层（深度）"), ylabel=tr("std across inputs (log scale)", "各输入间的标准差（对数坐标）"),
-               title=title)
+        ax.set(xlabel=tr("layer (depth)", "层（深度）"),
+               ylabel=tr("std across inputs (log scale)", "各输入间的标准差（对数坐标）"), title=title)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(tr("How initialisation sets the scale of the signal through depth", "初始化如何决定信号随深度变化的尺度"))
+    fig.suptitle(tr("How initialisation sets the scale of the signal through depth",
+                    "初始化如何决定信号随深度变化的尺度"))
     fig.tight_layout()
     ends = {act: {scheme: stds[-1] for scheme, stds in by.items()} for act, by in results.items()}
     en = "; ".join(f"{act}: " + ", ".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
@@ -363,7 +367,8 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
         fig,
         f"Line charts, one per activation, of the signal's spread (log scale) after each of "
         f"{len(depths)} layers, one line per initialisation; after the last layer: {en}.",
-        f"折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 {len(depths)} 层逐层的变化，"
+        "折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 "
+        f"{len(depths)} 层逐层的变化，"
         f"每种初始化一条线；最后一层之后：{zh}。")
 
 
@@ -443,7 +448,8 @@ def show_model_builder(
         + f"\n{format_stats(stats)}"
     )
     title = tr(f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}",
-               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，归一化：{_norm_name(norm)}")
+               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，"
+               f"归一化：{_norm_name(norm)}")
     show_figure(plot_activation_stats(stats, title))
 
 

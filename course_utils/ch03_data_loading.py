@@ -79,7 +79,8 @@ class DigitRecords(Dataset):
         """Open this process's own handle, and note which process it is."""
         info = get_worker_info()
         self.file = open(self.path, "rb")  # kept open for the life of the process
-        self.opened_by = tr("main process", "主进程") if info is None else tr(f"worker {info.id}", f"{info.id} 号 worker")
+        self.opened_by = (tr("main process", "主进程") if info is None
+                          else tr(f"worker {info.id}", f"{info.id} 号 worker"))
 
     def close(self) -> None:
         """Close this process's handle, if it has one."""
@@ -412,16 +413,19 @@ def curve_summary(runs: Sequence[LoaderRun], cores: int, load: float | None) -> 
            f"与最快速度相差不到 5% 的最小 num_workers：{enough}。"),
         tr(f"The repeats of one setting differed by up to {spread:.0%} of their median: "
            "differences smaller than that are noise.",
-           f"同一设置的各次重复之间最多相差其中位数的 {spread:.0%}：比这更小的差异都是噪声。"),
+           "同一设置的各次重复之间最多相差其中位数的 "
+           f"{spread:.0%}：比这更小的差异都是噪声。"),
         tr(f"Start-up: the first batch took up to {slow.first_batch_s:.3f} s (num_workers={slow.num_workers}), "
            "paid once per loader with persistent workers.",
-           f"启动开销：第一个批次最多用了 {slow.first_batch_s:.3f} 秒（num_workers={slow.num_workers}），"
+           f"启动开销：第一个批次最多用了 {slow.first_batch_s:.3f} "
+           f"秒（num_workers={slow.num_workers}），"
            "在 persistent_workers=True 时，每个加载器只付出一次。"),
     ]
     if where == "above":
         lines.append(tr("More workers than cores won here: check the load average; on a busy machine "
                         "extra processes take CPU from the neighbours.",
-                        "这里 worker 数多于核心数时反而最快：请查看负载均值；在繁忙的机器上，"
+                        "这里 worker 数多于核心数时反而最快："
+                        "请查看负载均值；在繁忙的机器上，"
                         "多出来的进程是在抢邻居的 CPU。"))
     return "\n".join(lines + [w for w in [busy_warning(load, cores)] if w])
 
@@ -461,7 +465,8 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
         f"Two line charts against num_workers: images loaded per second, and the speed-up over loading in "
         f"the main process, one line per machine, a dashed line at each machine's number of cores. "
         f"Images per second: {points_en}.",
-        f"两幅以 num_workers 为横轴的折线图：每秒加载的图像数，以及相对于在主进程中加载的加速比；每台机器一条线，"
+        "两幅以 num_workers 为横轴的折线图：每秒加载的图像数，"
+        "以及相对于在主进程中加载的加速比；每台机器一条线，"
         f"虚线标出各机器的核心数。每秒图像数：{points_zh}。")
 
 
@@ -575,7 +580,8 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     ax.scatter(range(len(order)), order, s=2, color="0.6", label=tr("epoch order", "该 epoch 的顺序"))
     ax.scatter(range(start, start + k), view.indices, s=10, color=COLORS["vermilion"],
                label=tr(f"batch {view.batch}", f"批次 {view.batch}"))
-    ax.set(xlabel=tr("position in the epoch", "在该 epoch 中的位置"), ylabel=tr("dataset index", "数据集索引"))
+    ax.set(xlabel=tr("position in the epoch", "在该 epoch 中的位置"),
+           ylabel=tr("dataset index", "数据集索引"))
     ax.legend(loc="upper left", fontsize=7)
     b, n = view.batch, len(view.batches)
     title = tr(f"{view.sampler}, epoch {view.epoch}: batch {b} of {n} ({k} images)",
@@ -587,7 +593,8 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
         f"{title}. Top: the batch's {k} images, each titled with its dataset index and label (labels: "
         f"{labels}). Bottom: a scatter plot of the dataset index at each position of the epoch, the "
         f"batch's points highlighted.",
-        f"{title}。上方：这个批次的 {k} 张图像，每张标有数据集索引和标签（标签：{labels}）。"
+        f"{title}。上方：这个批次的 {k} 张图像，"
+        f"每张标有数据集索引和标签（标签：{labels}）。"
         f"下方：该 epoch 每个位置上的数据集索引的散点图，这个批次的点被突出显示。")
 
 

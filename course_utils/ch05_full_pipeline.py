@@ -152,7 +152,8 @@ def padding_report(n: int = 359, world_size: int = 2) -> str:
     lines.append(tr(
         f"DistributedSampler: {len(seen)} evaluated, {twice} counted twice "
         f"({per_rank} x {world_size} - {n})",
-        f"DistributedSampler：评估了 {len(seen)} 个，其中 {twice} 个被算了两次（{per_rank} x {world_size} - {n}）",
+        f"DistributedSampler：评估了 {len(seen)} 个，其中 {twice} 个被算了两次（{per_rank} x "
+        f"{world_size} - {n}）",
     ))
     label = pad(tr("ShardSampler:", "ShardSampler："), text_width(tr("DistributedSampler:", "DistributedSampler：")))
     lines.append(label + tr(f" {n} evaluated, 0 counted twice", f"评估了 {n} 个，其中 0 个被算了两次"))
@@ -213,7 +214,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
         cause = _os_error(exc) if isinstance(exc, Exception) else None
         if cause is None:
             raise
-        kept = tr(f"the previous {path.name} is unchanged", f"原来的 {path.name} 保持不变") if path.exists() else ""
+        kept = tr(f"the previous {path.name} is unchanged",
+                  f"原来的 {path.name} 保持不变") if path.exists() else ""
         raise OSError(cause.errno, tr(f"could not write {path.name} in {path.parent}: {cause.strerror or cause}",
                                       f"无法在 {path.parent} 中写入 {path.name}：{cause.strerror or cause}")
                       + (tr(f"; {kept}", f"；{kept}") if kept else "")) from None
@@ -291,8 +293,10 @@ def load_checkpoint(
             "--out-dir. Do not load it with "
             "weights_only=False: a file that is not what you expect can run code when unpickled.",
             f"检查点 {path.name} 无法读取（{type(exc).__name__}），位于 {path.parent}："
-            "它被截断了（某次运行在保存时崩溃，而保存没有用 atomic_save），或者根本不是检查点。"
-            "把它移走（或删除）即可从头开始；也可以用 --no-resume 开始一次新的运行（之前运行的文件保留在 "
+            "它被截断了（某次运行在保存时崩溃，而保存没有用 "
+            "atomic_save），或者根本不是检查点。"
+            "把它移走（或删除）即可从头开始；也可以用 --no-resume "
+            "开始一次新的运行（之前运行的文件保留在 "
             "previous-N/ 中），或者换一个 --out-dir。不要用 weights_only=False 加载它："
             "一个不是你所预期的文件，在反序列化（unpickle）时可能会运行代码。"
         )) from None
@@ -346,9 +350,12 @@ def read_metrics(path: str | os.PathLike, torn: list[str] | None = None) -> list
                 f"line {number} of {path.name} in {path.parent} is not a metrics row ({line[:40]!r}): the file "
                 "was damaged or edited. Move it away (or delete it) to resume without the earlier rows, or start "
                 "a fresh run with --no-resume (the earlier run's files are kept in previous-N/) or another --out-dir.",
-                f"{path.parent} 中 {path.name} 的第 {number} 行不是一行指标（{line[:40]!r}）：文件已损坏或被改动过。"
-                "把它移走（或删除），就能在没有之前各行的情况下恢复训练；也可以用 --no-resume 重新开始"
-                "（之前那次运行的文件会保留在 previous-N/ 中），或者换一个 --out-dir。")) from None
+                f"{path.parent} 中 {path.name} 的第 {number} "
+                f"行不是一行指标（{line[:40]!r}）：文件已损坏或被改动过。"
+                "把它移走（或删除），就能在没有之前各行的情况下恢复训练；也可以用 "
+                "--no-resume 重新开始"
+                "（之前那次运行的文件会保留在 previous-N/ 中），"
+                "或者换一个 --out-dir。")) from None
         rows.append(row)
     return rows
 
@@ -405,7 +412,8 @@ def hold_out_dir(out: str | os.PathLike) -> _Held:
         raise CheckpointError(tr(
             f"another run is using {out} right now (process {holder}): two runs in one folder would mix their "
             "checkpoints and metrics. Wait for it to finish (or stop it), or give this run another --out-dir.",
-            f"另一次运行正在使用 {out}（进程 {holder}）：两次运行共用一个文件夹，会把各自的检查点和指标混在一起。"
+            f"另一次运行正在使用 {out}（进程 {holder}）：两次运行共用一个文件夹，"
+            "会把各自的检查点和指标混在一起。"
             "请等它结束（或停止它），或者给这次运行换一个 --out-dir。")) from None
     except OSError:  # a filesystem without locks
         os.close(fd)

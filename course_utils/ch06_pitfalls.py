@@ -52,8 +52,10 @@ _ZH_CHECKS = {
     "pickle": ("加载不可信的 pickle 时用 weights_only=False", "加载时恶意代码是否运行"),
     "worker-rng": ("随机数生成器对象被复制进每个 worker", "抽到重复随机数的样本比例"),
 }
-_ZH_RESULTS = (("hang (collective timeout)", "卡死（集合通信超时）"), ("device error", "设备不一致错误"), ("loss computed", "正常算出损失"),
-               (" both ways", "（两种做法结果相同）"), (", no error", "，没有报错"), ("correct gradient", "梯度正确"))
+_ZH_RESULTS = (("hang (collective timeout)", "卡死（集合通信超时）"),
+               ("device error", "设备不一致错误"), ("loss computed", "正常算出损失"),
+               (" both ways", "（两种做法结果相同）"), (", no error", "，没有报错"),
+               ("correct gradient", "梯度正确"))
 
 
 def _fmt(value: Any) -> str:
@@ -97,7 +99,8 @@ class PitfallLedger:
                                     f"{title}：修复没有奏效（{measure} = {_fmt(fix)}）。"))
         bug, fix = _fmt(bug), _fmt(fix)
         print(tr(f"{title}: {measure}: with the bug {bug}, fixed {fix} (bug reproduced; fix works)",
-                 spaced(f"{title}：{measure}：有 bug 时", bug) + "，" + spaced("修复后", fix) + "。bug 已复现，修复有效。"))
+                 spaced(f"{title}：{measure}：有 bug 时", bug) + "，" + spaced("修复后", fix)
+                 + "。bug 已复现，修复有效。"))
 
     @contextlib.contextmanager
     def expect_error(
@@ -114,7 +117,8 @@ class PitfallLedger:
                 raise AssertionError(tr(
                     f"{key}: the expected {type(exc).__name__} happened, but not for the reason this "
                     f"lesson shows: {exc}",
-                    f"{key}：预期的 {type(exc).__name__} 出现了，但原因不是本节要展示的那个：{exc}"
+                    f"{key}：预期的 {type(exc).__name__} 出现了，"
+                    f"但原因不是本节要展示的那个：{exc}"
                 )) from exc
             self.errors[key] = exc
             raise
@@ -272,8 +276,10 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
         f"{len(orders)} grids, one per way of building the loaders, with a row per epoch and rank and a column "
         f"per sample; a numbered cell is a sample that rank visits, the number its position. The samples "
         f"each rank visits, in order: {visits('; ', 'visits')}.",
-        f"{len(orders)} 个网格，每种构建加载器的方式一个：每个 epoch 的每个 rank 一行，每个样本一列；"
-        f"带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank 按顺序访问的样本：{visits('；', '访问', '：', '，')}。")
+        f"{len(orders)} 个网格，每种构建加载器的方式一个：每个 epoch 的每个 "
+        "rank 一行，每个样本一列；"
+        "带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank "
+        f"按顺序访问的样本：{visits('；', '访问', '：', '，')}。")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,13 +542,14 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     title = fig.get_suptitle()
     ends_en = "; ".join(f"{name}: training loss {run.train_loss[-1]:.3f} at the end, validation loss as "
                         f"reported {run.val_loss[-1]:.3f}" for run, _, name in runs)
-    ends_zh = "；".join(f"{name}：最终训练损失 {run.train_loss[-1]:.3f}，报告的验证损失 {run.val_loss[-1]:.3f}"
-                        for run, _, name in runs)
+    ends_zh = "；".join(f"{name}：最终训练损失 {run.train_loss[-1]:.3f}，"
+                        f"报告的验证损失 {run.val_loss[-1]:.3f}" for run, _, name in runs)
     return describe_figure(
         fig,
         f"{title}. Two line charts against the training step: the training loss (moving average of 5 steps) "
         f"and the validation loss, one line per run. {ends_en}.",
-        f"{title}。两幅以训练步数为横轴的折线图：训练损失（5 步滑动平均）和验证损失，每次运行一条线。{ends_zh}。")
+        f"{title}。两幅以训练步数为横轴的折线图：训练损失（5 步滑动平均）和验证损失，"
+        f"每次运行一条线。{ends_zh}。")
 
 
 def _summary_lines(rows: Sequence[tuple[str, SwitchboardRun]]) -> str:

@@ -180,7 +180,8 @@ def plan_from_spec(spec: Mapping[str, Any]) -> dict:
         return Shard(int(p[1])) if p[0] == "Shard" else Replicate()
 
     styles = {"ColwiseParallel": ColwiseParallel, "RowwiseParallel": RowwiseParallel}
-    return {name: styles[kind](input_layouts=placement(o["input_layouts"]), output_layouts=placement(o["output_layouts"]),
+    return {name: styles[kind](input_layouts=placement(o["input_layouts"]),
+                               output_layouts=placement(o["output_layouts"]),
                                use_local_output=o["use_local_output"])
             for name, (kind, o) in spec.items()}
 
@@ -420,7 +421,8 @@ def run_in_unit_time(orders: Sequence[Sequence[tuple[str, int]]], backward_cost:
 def timeline_facts(timeline: Sequence[Sequence[tuple]]) -> dict:
     """The bubble (idle fraction of stages x step time) and the most micro-batches whose activations a
     stage holds at once (forwards done, backwards not yet), from a timeline of (kind, i, start, end)."""
-    span = max(end for stage in timeline for *_, end in stage) - min(start for stage in timeline for _, _, start, _ in stage)
+    span = (max(end for stage in timeline for *_, end in stage)
+            - min(start for stage in timeline for _, _, start, _ in stage))
     busy = sum(end - start for stage in timeline for _, _, start, end in stage)
     peaks = []
     for stage in timeline:
@@ -456,11 +458,13 @@ def draw_schedule(stages: int = 4, microbatches: int = 8, schedule: str = "1F1B"
     facts = timeline_facts(timeline)
     formula = bubble_fraction(stages, microbatches)
     fig, ax = plt.subplots(figsize=(9, 0.45 * stages + 1.4))
-    _draw_timeline(ax, timeline, tr("time (a forward = 1 unit, a backward = 2)", "时间（前向 = 1 个单位，反向 = 2 个）"))
+    _draw_timeline(ax, timeline, tr("time (a forward = 1 unit, a backward = 2)",
+                                    "时间（前向 = 1 个单位，反向 = 2 个）"))
     ax.set_title(tr(f"{schedule}, {stages} stages, {microbatches} micro-batches: bubble {facts['bubble']:.3f} "
                     f"(formula {formula:.3f}); stage 0 holds at most {facts['peak_in_flight'][0]} micro-batches",
                     f"{schedule}，{stages} 个阶段，{microbatches} 个微批次：气泡 {facts['bubble']:.3f}"
-                    f"（公式 {formula:.3f}）；阶段 0 最多同时持有 {facts['peak_in_flight'][0]} 个微批次"), fontsize=9)
+                    f"（公式 {formula:.3f}）；阶段 0 最多同时持有 {facts['peak_in_flight'][0]} "
+                    "个微批次"), fontsize=9)
     fig.tight_layout()
     return describe_figure(
         fig,
@@ -468,8 +472,10 @@ def draw_schedule(stages: int = 4, microbatches: int = 8, schedule: str = "1F1B"
         f"F{microbatches - 1} and orange backwards, in unit time. Idle fraction {facts['bubble']:.3f}, equal to "
         f"(p-1)/(m+p-1) = {formula:.3f}; stage 0 holds the activations of at most {facts['peak_in_flight'][0]} "
         "micro-batches at once.",
-        f"{schedule} 流水线调度的时间线：{stages} 行（阶段）方块，蓝色为前向 F0 到 F{microbatches - 1}，橙色为反向，"
-        f"单位时间。空闲比例 {facts['bubble']:.3f}，等于 (p-1)/(m+p-1) = {formula:.3f}；阶段 0 最多同时持有 "
+        f"{schedule} 流水线调度的时间线：{stages} 行（阶段）方块，蓝色为前向 F0 到 "
+        f"F{microbatches - 1}，橙色为反向，"
+        f"单位时间。空闲比例 {facts['bubble']:.3f}，等于 (p-1)/(m+p-1) = "
+        f"{formula:.3f}；阶段 0 最多同时持有 "
         f"{facts['peak_in_flight'][0]} 个微批次的激活。")
 
 
@@ -480,7 +486,8 @@ def schedule_explorer() -> Any:
     from .figures import show_figure
 
     d = SCHEDULE_DEFAULTS
-    stages = w.IntSlider(value=d["stages"], min=1, max=8, description=tr("stages", "阶段数"), continuous_update=False)
+    stages = w.IntSlider(value=d["stages"], min=1, max=8, description=tr("stages", "阶段数"),
+                         continuous_update=False)
     micro = w.IntSlider(value=d["microbatches"], min=1, max=16, description=tr("micro-batches", "微批次"),
                         continuous_update=False)
     schedule = w.Dropdown(options=list(SCHEDULES), value=d["schedule"], description=tr("schedule", "调度"))
@@ -531,8 +538,10 @@ def draw_tp_shards(record: Mapping[str, Any], world: int) -> Any:
         fig, f"Four weight matrices drawn as rectangles, each cut into {world} coloured parts, one per rank: q and up "
         f"are cut by rows (output features, ColwiseParallel), o and down by columns (input features, RowwiseParallel). "
         f"Full shape -> each rank's part: {parts}.",
-        f"四个权重矩阵画成矩形，每个切成 {world} 个彩色部分，每个 rank 一份：q 和 up 按行切分（输出特征，ColwiseParallel），"
-        f"o 和 down 按列切分（输入特征，RowwiseParallel）。完整形状 -> 每个 rank 的部分：{parts}。")
+        f"四个权重矩阵画成矩形，每个切成 {world} 个彩色部分，每个 rank 一份：q 和 up "
+        "按行切分（输出特征，ColwiseParallel），"
+        "o 和 down 按列切分（输入特征，RowwiseParallel）。完整形状 -> 每个 "
+        f"rank 的部分：{parts}。")
 
 
 def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -545,7 +554,8 @@ def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.2 + 1.1 * len(names) * len(records) / 2 + 0.6), sharex=True)
     for ax, name in zip(axes, names, strict=True):
         timeline = [[(k, mb, 1000 * s, 1000 * e) for k, mb, s, e in rec["results"][name]["events"]] for rec in records]
-        _draw_timeline(ax, timeline, tr("milliseconds from the start of the step", "从这一步开始算起的毫秒数"))
+        _draw_timeline(ax, timeline, tr("milliseconds from the start of the step",
+                                        "从这一步开始算起的毫秒数"))
         held = [rec["results"][name]["peak_in_flight"] for rec in records]
         ax.set_title(tr(f"{name}: micro-batches held at once per stage {held}",
                         f"{name}：每个阶段同时持有的微批次 {held}"), fontsize=9)
@@ -555,8 +565,10 @@ def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
         fig, f"Two timelines measured on {n} ranks, GPipe above and 1F1B below: for each stage a row of blue forward "
         f"boxes and orange backward boxes of micro-batches 0 to {m - 1}. GPipe runs every forward before any backward; "
         "1F1B interleaves them, so stage 0 holds fewer micro-batches at once.",
-        f"在 {n} 个 rank 上测得的两条时间线，上为 GPipe，下为 1F1B：每个阶段一行，蓝色为微批次 0 到 {m - 1} 的前向，"
-        "橙色为反向。GPipe 先做完所有前向再做反向；1F1B 让两者交替，因此阶段 0 同时持有的微批次更少。")
+        f"在 {n} 个 rank 上测得的两条时间线，上为 GPipe，下为 1F1B：每个阶段一行，"
+        f"蓝色为微批次 0 到 {m - 1} 的前向，"
+        "橙色为反向。GPipe 先做完所有前向再做反向；1F1B 让两者交替，"
+        "因此阶段 0 同时持有的微批次更少。")
 
 
 def draw_mesh(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -589,8 +601,10 @@ def draw_mesh(records: Sequence[Mapping[str, Any]]) -> Any:
         fig, f"Two panels of {len(records)} bars, one per rank, marking the rows of the 64-row attn.q.weight that the "
         f"rank holds. FSDP x TP: {held('fsdp_tp', 'rows {}-{}', '; ')}. HSDP: {held('hsdp', 'rows {}-{}', '; ')} "
         f"(two copies).",
-        f"两幅图，各有 {len(records)} 个条，每个 rank 一条，标出该 rank 持有 64 行的 attn.q.weight 中的哪些行。"
-        f"FSDP x TP：{held('fsdp_tp', '第 {}-{} 行', '；')}。HSDP：{held('hsdp', '第 {}-{} 行', '；')}（两份副本）。")
+        f"两幅图，各有 {len(records)} 个条，每个 rank 一条，标出该 rank 持有 64 行的 "
+        "attn.q.weight 中的哪些行。"
+        f"FSDP x TP：{held('fsdp_tp', '第 {}-{} 行', '；')}"
+        f"。HSDP：{held('hsdp', '第 {}-{} 行', '；')}（两份副本）。")
 
 
 def draw_overlap(record: Mapping[str, Any]) -> Any:
@@ -615,7 +629,8 @@ def draw_overlap(record: Mapping[str, Any]) -> Any:
     exposed = [1000 * record["sweep"][c]["exposed"] for c in caps]
     xs = range(len(caps))
     bx.bar(xs, over, color=COLORS["green"], label=tr("during backward", "反向传播期间"))
-    bx.bar(xs, exposed, bottom=over, color=COLORS["vermilion"], label=tr("exposed after backward", "反向传播之后暴露的"))
+    bx.bar(xs, exposed, bottom=over, color=COLORS["vermilion"],
+           label=tr("exposed after backward", "反向传播之后暴露的"))
     bx.set_xticks(list(xs), [f"{float(c):g}\n({record['sweep'][c]['buckets']})" for c in caps])
     bx.set_xlabel(tr("bucket_cap_mb (buckets)", "bucket_cap_mb（桶数）"))
     bx.set_ylabel(tr("communication, ms (median)", "通信，毫秒（中位数）"))
@@ -627,8 +642,10 @@ def draw_overlap(record: Mapping[str, Any]) -> Any:
         f"thread and orange bars for the {len(trace['comm'])} gradient all-reduces on gloo's thread, the first of them "
         "beside the blue ones. Right: for each bucket_cap_mb, stacked bars of the communication time that ran during "
         "backward (green) and after it (red).",
-        f"左：rank 0 上一次 DDP 反向传播的时间线，蓝条是主线程上计算的 autograd 节点，橙条是 gloo 线程上的 "
-        f"{len(trace['comm'])} 次梯度 all-reduce，其中最先的几次与蓝条并排。右：每种 bucket_cap_mb 下，"
+        "左：rank 0 上一次 DDP 反向传播的时间线，蓝条是主线程上计算的 autograd "
+        "节点，橙条是 gloo 线程上的 "
+        f"{len(trace['comm'])} 次梯度 all-reduce，其中最先的几次与蓝条并排。右：每种 "
+        "bucket_cap_mb 下，"
         "堆叠的条形表示在反向传播期间（绿）和之后（红）运行的通信时间。")
 
 
@@ -649,20 +666,25 @@ def draw_stragglers(records: Sequence[Mapping[str, Any]]) -> Any:
             ax.bar(x, 1000 * m["allreduce"], width, bottom=1000 * m["compute"], color=COLORS["orange"], hatch=hatch,
                    edgecolor="white")
     slow, delay = records[0]["slow_rank"], records[0]["delay"]
-    ax.set_xticks(range(len(records)), [f"rank {rec['rank']}" + (tr(" (slowed)", "（被减速）") if rec["rank"] == slow else "")
-                                        for rec in records])
+    ax.set_xticks(range(len(records)),
+                  [f"rank {rec['rank']}" + (tr(" (slowed)", "（被减速）") if rec["rank"] == slow else "")
+                   for rec in records])
     ax.set_ylabel(tr("milliseconds per step (median)", "每步毫秒数（中位数）"))
     ax.bar(0, 0, color=COLORS["blue"], label=tr("compute", "计算"))
     ax.bar(0, 0, color=COLORS["orange"], label=tr("in the all-reduce", "在 all-reduce 中"))
     ax.legend(fontsize=8, title=tr("left: no delay; right, hatched: one rank slowed",
                                    "左：无延迟；右（斜线）：一个 rank 被减速"), title_fontsize=8)
     ax.set_title(tr(f"Rank {slow} sleeps {1000 * delay:.0f} ms a step: every rank's step grows by about as much",
-                    f"rank {slow} 每步多睡 {1000 * delay:.0f} 毫秒：每个 rank 的每一步都变长了差不多同样多"), fontsize=9)
+                    f"rank {slow} 每步多睡 {1000 * delay:.0f} 毫秒："
+                    "每个 rank 的每一步都变长了差不多同样多"), fontsize=9)
     fig.tight_layout()
     return describe_figure(
         fig, f"Grouped stacked bars per rank: a step's compute (blue) and time in the all-reduce (orange), without a "
         f"delay and with rank {slow} sleeping {1000 * delay:.0f} ms per step. With the delay every rank's bar grows "
-        f"by about {1000 * delay:.0f} ms: the slowed rank's in compute, the others' in the all-reduce, where they wait.",
-        f"每个 rank 一组堆叠条形：一步中的计算（蓝）和在 all-reduce 中的时间（橙），分别是无延迟时和 rank {slow} "
-        f"每步多睡 {1000 * delay:.0f} 毫秒时。有延迟时每个 rank 的条都增长了约 {1000 * delay:.0f} 毫秒："
+        f"by about {1000 * delay:.0f} ms: the slowed rank's in compute, the others' in the all-reduce, "
+        "where they wait.",
+        "每个 rank 一组堆叠条形：一步中的计算（蓝）和在 all-reduce 中的时间（橙），"
+        f"分别是无延迟时和 rank {slow} "
+        f"每步多睡 {1000 * delay:.0f} 毫秒时。有延迟时每个 rank 的条都增长了约 "
+        f"{1000 * delay:.0f} 毫秒："
         "被减速的 rank 增长在计算上，其他 rank 增长在 all-reduce 中的等待上。")

@@ -63,9 +63,11 @@ def recording() -> tuple[bool, str]:
     """Whether checks are recorded now, and why (in words)."""
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in _OFF:
-        return False, tr(f"off ({ENV_SWITCH}={value} in the environment)", f"已关闭（环境变量 {ENV_SWITCH}={value}）")
+        return False, tr(f"off ({ENV_SWITCH}={value} in the environment)",
+                         f"已关闭（环境变量 {ENV_SWITCH}={value}）")
     if value in _ON:
-        return True, tr(f"on ({ENV_SWITCH}={value} in the environment)", f"已开启（环境变量 {ENV_SWITCH}={value}）")
+        return True, tr(f"on ({ENV_SWITCH}={value} in the environment)",
+                        f"已开启（环境变量 {ENV_SWITCH}={value}）")
     try:
         flagged = flag_file().is_file()
     except OSError:
@@ -148,7 +150,8 @@ def record(chapter: str, exercise: str, status: str) -> bool:
                     f"Your progress could not be saved to {where} ({type(exc).__name__}: {exc}); "
                     f"checks work as before. To stop trying, set {ENV_SWITCH}=0 or run "
                     "`python -m course_utils progress --disable`.\n",
-                    f"无法把你的进度保存到 {where}（{type(exc).__name__}: {exc}）；检查功能照常可用。"
+                    f"无法把你的进度保存到 {where}（{type(exc).__name__}: "
+                    f"{exc}）；检查功能照常可用。"
                     f"如果不想再尝试保存，请设置 {ENV_SWITCH}=0，或运行 "
                     "`python -m course_utils progress --disable`。\n",
                 ))
@@ -264,7 +267,8 @@ def summarise(records: Iterable[dict], known: dict[str, list[str]]) -> Summary:
 def format_table(summary: Summary, titles: dict[str, str] | None = None) -> str:
     """Chapters down, exercises across (in the order they first appear), a done count per chapter."""
     titles = titles or {}
-    shown = {"done": tr("done", "已完成"), "tried": tr("tried", "已尝试"), "not yet": tr("not yet", "尚未作答")}
+    shown = {"done": tr("done", "已完成"), "tried": tr("tried", "已尝试"),
+             "not yet": tr("not yet", "尚未作答")}
     columns: list[str] = []
     for row in summary.states.values():
         columns += [name for name in row if name not in columns]
@@ -301,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     if not path.name or path.is_dir():
         print(tr(f"error: {ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} names a folder, not a file: name a "
                  f"file for your progress (such as ~/progress.jsonl), or unset {ENV_FILE} to use the usual one.",
-                 f"错误：{ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} 指向的是一个文件夹，而不是文件："
-                 f"请指定一个保存进度的文件（例如 ~/progress.jsonl），或者取消设置 {ENV_FILE}，使用默认文件。"),
+                 f"错误：{ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} "
+                 "指向的是一个文件夹，而不是文件："
+                 "请指定一个保存进度的文件（例如 ~/progress.jsonl），或者取消设置 "
+                 f"{ENV_FILE}，使用默认文件。"),
               file=sys.stderr)
         return 2
     try:
@@ -333,14 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records, bad = read(path)
     except OSError as exc:
-        print(tr(f"error: cannot read {_show_path(path)} ({exc}).", f"错误：无法读取 {_show_path(path)}（{exc}）。"),
-              file=sys.stderr)
+        print(tr(f"error: cannot read {_show_path(path)} ({exc}).",
+                 f"错误：无法读取 {_show_path(path)}（{exc}）。"), file=sys.stderr)
         return 1
     summary = summarise(records, chapters())
     print(format_table(summary, chapter_titles()))
     done, tried, not_yet = (summary.count(state) for state in ("done", "tried", "not yet"))
     print(tr(f"\ntotal: {done} done, {tried} tried, {not_yet} not yet, of {summary.total} exercises",
-             f"\n合计：共 {summary.total} 道练习，已完成 {done} 道，已尝试 {tried} 道，尚未作答 {not_yet} 道"))
+             f"\n合计：共 {summary.total} 道练习，已完成 {done} 道，已尝试 {tried} 道，"
+             f"尚未作答 {not_yet} 道"))
     skipped = tr(f" ({bad} unreadable line{'s' * (bad != 1)} skipped)",
                  f"（跳过了 {bad} 行无法读取的记录）") if bad else ""
     print(tr(f"{len(records)} checks recorded in {_show_path(path)}{skipped}; this computer only.",

@@ -136,7 +136,8 @@ def _describe_q3(c):
     if len(x) > 8:
         return tr(f"for f(x) = {c[0].__doc__} at a random x and v of {len(x)} entries each",
                   f"对于 f(x) = {c[0].__doc__}，在各有 {len(x)} 个元素的随机 x 和 v 处")
-    return tr(f"for f(x) = {c[0].__doc__} at x = {x}, v = {v}", f"对于 f(x) = {c[0].__doc__}，在 x = {x}、v = {v} 处")
+    return tr(f"for f(x) = {c[0].__doc__} at x = {x}, v = {v}",
+              f"对于 f(x) = {c[0].__doc__}，在 x = {x}、v = {v} 处")
 
 
 q3 = Exercise(
@@ -186,7 +187,8 @@ q4 = Exercise(
     cases=_cases_q4,
     observe=_observe_q4,
     describe=lambda c: tr(
-        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}", f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
+        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}",
+        f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
     ),
     tol=(1e-7, 1e-9),  # float64, as the task asks
     mistakes=dict(
@@ -334,9 +336,11 @@ def _observe_q5(fn, case):
     if not isinstance(grads, dict):
         raise Incorrect(tr(
             f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}.",
-            spaced("backward_walk(out) 应该返回一个 dict {叶子张量: 梯度}，但它返回的是", kind(grads), "。"),
+            spaced("backward_walk(out) 应该返回一个 dict {叶子张量: 梯度}，但它返回的是",
+                   kind(grads), "。"),
         ))
-    yield tr("what your function did to the graph", "你的函数对计算图的影响"), _graph_state(out, leaves, runs)
+    yield tr("what your function did to the graph",
+             "你的函数对计算图的影响"), _graph_state(out, leaves, runs)
     if per_path:
         yield tr("how often your walk ran each node", "你的遍历运行每个节点的次数"), (
             tr("once", "一次") if count.ops <= _PER_PATH_OPS else tr("once per path to it", "每条路径一次"))
@@ -344,14 +348,19 @@ def _observe_q5(fn, case):
         if leaf not in grads:
             keys = take(grads.keys(), 3)
             if keys and all(isinstance(k, torch.Tensor) for k in keys):
-                why = tr("your walk did not reach it. Follow every entry of node.next_functions, down to the AccumulateGrad nodes.",
-                         "你的遍历没有到达它。要沿着 node.next_functions 的每一项，一直走到 AccumulateGrad 节点。")
+                why = tr("your walk did not reach it. Follow every entry of node.next_functions, down to the "
+                         "AccumulateGrad nodes.",
+                         "你的遍历没有到达它。要沿着 node.next_functions 的每一项，一直走到 "
+                         "AccumulateGrad 节点。")
             else:
-                found = tr(f"its keys are: {', '.join(map(kind, keys))}.", f"它的键是：{'、'.join(map(kind, keys))}。")
+                found = tr(f"its keys are: {', '.join(map(kind, keys))}.",
+                           f"它的键是：{'、'.join(map(kind, keys))}。")
                 found = found if keys else tr("it is empty.", "它是空的。")
-                why = tr(f"its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); {found}",
+                why = tr("its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); "
+                         f"{found}",
                          f"它的键应该是叶子张量本身（AccumulateGrad 节点的 .variable）；{found}")
-            raise Incorrect(tr(f"the dict has no entry for the leaf {name}: {why}", f"这个 dict 中没有叶子张量 {name} 的条目：{why}"))
+            raise Incorrect(tr(f"the dict has no entry for the leaf {name}: {why}",
+                               f"这个 dict 中没有叶子张量 {name} 的条目：{why}"))
         gradient = tr(f"the gradient for {name}", f"{name} 的梯度")
         yield gradient, as_tensor(grads[leaf], gradient)
 
@@ -470,7 +479,8 @@ def _describe_q6(c):
     x, u = c[1].tolist(), c[2].tolist()
     if len(x) > 8:
         return tr(f"for f(x) = {c[0].__doc__} at a random x of {len(x)} entries and u of {len(u)}",
-                  f"对于 f(x) = {c[0].__doc__}，在随机的 x（{len(x)} 个元素）和 u（{len(u)} 个元素）处")
+                  f"对于 f(x) = {c[0].__doc__}，在随机的 x（{len(x)} 个元素）和 "
+                  f"u（{len(u)} 个元素）处")
     return tr(f"for f(x) = {c[0].__doc__} at x = {[round(v, 4) for v in x]}, u = {[round(v, 4) for v in u]}",
               f"对于 f(x) = {c[0].__doc__}，在 x = {[round(v, 4) for v in x]}、u = {[round(v, 4) for v in u]} 处")
 
