@@ -118,26 +118,38 @@ def _grad(f, x):
     return torch.autograd.grad(f(x), x, create_graph=True)[0]
 
 
-def _observe_q3(fn, case):
-    f, x, v = case[0], case[1].clone().requires_grad_(True), case[2].clone()
-    n = x.numel()
+def _observe_product(fn, case, call: str, wide: int, matrix: tuple[str, str]):
+    """What ``fn(f, x, w)`` returned for a product of a matrix of derivatives with a vector w (Q3: the
+    Hessian and v, Q6: u and the Jacobian); for an x of `wide` entries or more, also whether it built
+    the whole `matrix` (en, zh) on the way: an m x n tensor (m: w's entries, n: x's), or a backward pass
+    per entry of w."""
+    f, x, w = case[0], case[1].clone().requires_grad_(True), case[2].clone()
     with counting_ops() as count:
-        out = fn(f, x, v)
-    hv = as_tensor(out, "hvp(f, x, v)")
-    if n >= _WIDE_N:  # "without building the Hessian": no n x n tensor, no backward pass per entry of x
-        whole = count.largest >= n * n or count.ops > 10 * n
-        yield tr(f"whether it computed all {n} x {n} entries of the Hessian",
-                 f"它是否算出了黑塞矩阵的全部 {n} x {n} 个元素"), whole
-    yield "result", hv
+        out = fn(f, x, w)
+    got = as_tensor(out, call)
+    m, n = w.numel(), x.numel()
+    if n >= wide:
+        whole = count.largest >= m * n or count.ops > 10 * m
+        yield tr(f"whether it computed all {m} x {n} entries of the {matrix[0]}",
+                 f"它是否算出了{matrix[1]}的全部 {m} x {n} 个元素"), whole
+    yield "result", got
 
 
-def _describe_q3(c):
-    x, v = c[1].tolist(), c[2].tolist()
+def _observe_q3(fn, case):  # "without building the Hessian": v has as many entries as x
+    return _observe_product(fn, case, "hvp(f, x, v)", _WIDE_N, ("Hessian", "黑塞矩阵"))
+
+
+def _describe_product(c, w: str) -> str:
+    """A case (f, x, w) of Q3 (`w`: "v") or Q6 ("u") in words: x and w to 4 decimals, or, past 8 entries,
+    their sizes."""
+    doc, x, vec = c[0].__doc__, [round(v, 4) for v in c[1].tolist()], [round(v, 4) for v in c[2].tolist()]
+    if len(x) > 8 and len(vec) == len(x):
+        return tr(f"for f(x) = {doc} at a random x and {w} of {len(x)} entries each",
+                  f"对于 f(x) = {doc}，在各有 {len(x)} 个元素的随机 x 和 {w} 处")
     if len(x) > 8:
-        return tr(f"for f(x) = {c[0].__doc__} at a random x and v of {len(x)} entries each",
-                  f"对于 f(x) = {c[0].__doc__}，在各有 {len(x)} 个元素的随机 x 和 v 处")
-    return tr(f"for f(x) = {c[0].__doc__} at x = {x}, v = {v}",
-              f"对于 f(x) = {c[0].__doc__}，在 x = {x}、v = {v} 处")
+        return tr(f"for f(x) = {doc} at a random x of {len(x)} entries and {w} of {len(vec)}",
+                  f"对于 f(x) = {doc}，在随机的 x（{len(x)} 个元素）和 {w}（{len(vec)} 个元素）处")
+    return tr(f"for f(x) = {doc} at x = {x}, {w} = {vec}", f"对于 f(x) = {doc}，在 x = {x}、{w} = {vec} 处")
 
 
 q3 = Exercise(
@@ -145,7 +157,7 @@ q3 = Exercise(
     hvp,
     cases=_cases_q3,
     observe=_observe_q3,
-    describe=_describe_q3,
+    describe=lambda c: _describe_product(c, "v"),
     mistakes=dict(
         retain_not_create=variant(hvp, "create_graph=True", "retain_graph=True"),
         first_derivative=_grad,
@@ -247,7 +259,13 @@ def backward_walk(out):
 def per_path_walk(out):
     """The recursive walk chapter 01 once gave as its answer: it calls a node once for every path that
     reaches it (2**n calls after n reuses of an intermediate), and one gradient at a time."""
-    grads = {}
+    return _recursive_walk(out)
+
+
+def _recursive_walk(out, once=False):
+    """The graph below `out` walked recursively, one gradient at a time: a node is called for every path
+    that reaches it, or (`once`, a `visited` set) only with the first gradient that reaches it."""
+    grads, seen = {}, set()
 
     def visit(node, grad):
         if node is None:
@@ -256,6 +274,9 @@ def per_path_walk(out):
             leaf = node.variable
             grads[leaf] = grads[leaf] + grad if leaf in grads else grad
             return
+        if once and node in seen:
+            return
+        seen.add(node)
         sent = node(grad)
         if isinstance(sent, torch.Tensor):
             sent = (sent,)
@@ -383,26 +404,7 @@ def _autograd_grads(out):
 
 def _visited(out):
     """Enters each node once (a `visited` set), with the first gradient that reaches it."""
-    grads, seen = {}, set()
-
-    def visit(node, grad):
-        if node is None:
-            return
-        if hasattr(node, "variable"):
-            leaf = node.variable
-            grads[leaf] = grads[leaf] + grad if leaf in grads else grad
-            return
-        if node in seen:
-            return
-        seen.add(node)
-        sent = node(grad)
-        for (next_node, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent,
-                                     strict=True):
-            visit(next_node, g)
-
-    with torch.no_grad():
-        visit(out.grad_fn, torch.ones_like(out))
-    return grads
+    return _recursive_walk(out, once=True)
 
 
 q5 = Exercise(
@@ -462,27 +464,8 @@ def _cases_q6():
     ]
 
 
-def _observe_q6(fn, case):
-    f, x, u = case[0], case[1].clone().requires_grad_(True), case[2].clone()
-    with counting_ops() as count:
-        out = fn(f, x, u)
-    got = as_tensor(out, "vjp(f, x, u)")
-    m, n = u.numel(), x.numel()
-    if n >= _WIDE_K:  # "without building the Jacobian": no m x n tensor, no backward pass per output
-        whole = count.largest >= m * n or count.ops > 10 * m
-        yield tr(f"whether it computed all {m} x {n} entries of the Jacobian",
-                 f"它是否算出了雅可比矩阵的全部 {m} x {n} 个元素"), whole
-    yield "result", got
-
-
-def _describe_q6(c):
-    x, u = c[1].tolist(), c[2].tolist()
-    if len(x) > 8:
-        return tr(f"for f(x) = {c[0].__doc__} at a random x of {len(x)} entries and u of {len(u)}",
-                  f"对于 f(x) = {c[0].__doc__}，在随机的 x（{len(x)} 个元素）和 "
-                  f"u（{len(u)} 个元素）处")
-    return tr(f"for f(x) = {c[0].__doc__} at x = {[round(v, 4) for v in x]}, u = {[round(v, 4) for v in u]}",
-              f"对于 f(x) = {c[0].__doc__}，在 x = {[round(v, 4) for v in x]}、u = {[round(v, 4) for v in u]} 处")
+def _observe_q6(fn, case):  # "without building the Jacobian": u has an entry per output
+    return _observe_product(fn, case, "vjp(f, x, u)", _WIDE_K, ("Jacobian", "雅可比矩阵"))
 
 
 q6 = Exercise(
@@ -490,7 +473,7 @@ q6 = Exercise(
     vjp,
     cases=_cases_q6,
     observe=_observe_q6,
-    describe=_describe_q6,
+    describe=lambda c: _describe_product(c, "u"),
     mistakes=dict(
         no_grad_outputs=variant(vjp, ", grad_outputs=u", ""),
         ones_not_u=variant(vjp, "grad(f(x), x, grad_outputs=u)", "grad(f(x).sum(), x)"),

@@ -51,6 +51,11 @@ def _ranks_said(script: str, stem: str, answer: Any, others: list[Any], wrap=lam
     return _RESULTS[(script, json.dumps(answer, sort_keys=True))]
 
 
+def _on_ranks(name: str, answer, observe, mistakes: dict) -> Exercise:
+    """An exercise whose answer (a value) is run by the ranks of a script: its check has the time of a job."""
+    return Exercise(name, answer, form="value", observe=observe, mistakes=mistakes, extra_time_s=LAUNCH_TIMEOUT_S)
+
+
 # ----------------------------------------------------------------------------- Q1: a TP plan
 
 
@@ -106,14 +111,7 @@ def _observe_q1(answer, _):
     yield tr("all-reduces in one forward", "一次前向中的 all-reduce 次数"), res["forward"].get("all_reduce", 0)
 
 
-q1 = Exercise(
-    "Q1",
-    answer_q1,
-    form="value",
-    observe=_observe_q1,
-    mistakes=_q1_mistakes(),
-    extra_time_s=LAUNCH_TIMEOUT_S,
-)
+q1 = _on_ranks("Q1", answer_q1, _observe_q1, _q1_mistakes())
 
 
 # ----------------------------------------------------------------------------- Q2: the bubble
@@ -209,14 +207,7 @@ def _q3_mistakes() -> dict:
     )
 
 
-q3 = Exercise(
-    "Q3",
-    answer_q3,
-    form="value",
-    observe=_observe_q3,
-    mistakes=_q3_mistakes(),
-    extra_time_s=LAUNCH_TIMEOUT_S,
-)
+q3 = _on_ranks("Q3", answer_q3, _observe_q3, _q3_mistakes())
 
 
 # ----------------------------------------------------------------------------- Q4: the ring's bytes
