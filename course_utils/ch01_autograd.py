@@ -140,10 +140,27 @@ def build_graph(
         kind, op = ("leaf", "AccumulateGrad") if tensor.requires_grad else ("tensor", "")
         g.nodes.append(GraphNode(0, kind, op, root_name, tensor))
         return g
+    cut, hidden = _walk(g, max_nodes)
+    if show_saved:
+        _add_saved(g)
+    g.total = _count_nodes(tensor)
+    if cut:
+        shown = sum(n.kind in ("op", "leaf") for n in g.nodes)
+        g.nodes.append(GraphNode(len(g.nodes), "more", hidden=max(g.total - shown, hidden)))
+        for n in cut:
+            n.inputs.append(len(g.nodes) - 1)
+        g.truncated = True
+    return g
+
+
+def _walk(g: Graph, max_nodes: int) -> tuple[list[GraphNode], int]:
+    """Add to `g` the nodes below ``g.tensor.grad_fn``, breadth first, up to `max_nodes`, each with its
+    inputs; returns the nodes that lost an input to that limit and how many inputs they lost."""
+    params, tensor = g.params, g.tensor
     # id(grad_fn) -> (name, tensor, grad_fn), held so that its id() stays unique; the first
     # name wins, the output's over all
     named = {}
-    for k, t in [*reversed(params.items()), (root_name, tensor)]:
+    for k, t in [*reversed(params.items()), (g.root_name, tensor)]:
         if t.grad_fn is not None:
             named[id(t.grad_fn)] = (k, t, t.grad_fn)
     ids: dict[int, int] = {}
@@ -170,18 +187,16 @@ def build_graph(
             else:
                 hidden += 1
                 cut += [] if n in cut else [n]
-    for n in [n for n in g.nodes if n.kind == "op" and show_saved]:
+    return cut, hidden
+
+
+def _add_saved(g: Graph) -> None:
+    """Add to `g` a "saved" node for each tensor that one of its ops saved for backward, named after
+    the entry of ``g.params`` it is."""
+    for n in [n for n in g.nodes if n.kind == "op"]:
         for what, t in _saved_tensors(n.fn):
-            who = None if t is None else next((k for k, p in params.items() if _same(p, t)), None)
+            who = None if t is None else next((k for k, p in g.params.items() if _same(p, t)), None)
             g.nodes.append(GraphNode(len(g.nodes), "saved", what, who, t, saved_for=n.id))
-    g.total = _count_nodes(tensor)
-    if cut:
-        shown = sum(n.kind in ("op", "leaf") for n in g.nodes)
-        g.nodes.append(GraphNode(len(g.nodes), "more", hidden=max(g.total - shown, hidden)))
-        for n in cut:
-            n.inputs.append(len(g.nodes) - 1)
-        g.truncated = True
-    return g
 
 
 # ---------------------------------------------------------------- the graph as text

@@ -288,7 +288,7 @@ def _show_path(path: Path) -> str:
     return str(path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils progress",
         description="Your progress through the exercises, kept on this computer only.",
@@ -298,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--disable", action="store_true", help="stop recording (keeps what is recorded)")
     action.add_argument("--reset", action="store_true", help="clear what is recorded (with --yes)")
     parser.add_argument("--yes", action="store_true", help="confirm --reset")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     o = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if o.yes and not o.reset:
         parser.error("--yes confirms --reset; use them together")
@@ -311,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
                  f"{ENV_FILE}，使用默认文件。"),
               file=sys.stderr)
         return 2
+    if o.enable or o.disable or o.reset:
+        return _change(o, path, flag)
+    return _report(path)
+
+
+def _change(o: argparse.Namespace, path: Path, flag: Path) -> int:
+    """--enable, --disable or --reset (--yes): what it changed, said; the command's exit status."""
     try:
         if o.enable:
             flag.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -331,11 +343,14 @@ def main(argv: list[str] | None = None) -> int:
         print(tr(f"error: {exc}. Check that you can write to {_show_path(path.parent)}.",
                  f"错误：{exc}。请检查你能否写入 {_show_path(path.parent)}。"), file=sys.stderr)
         return 1
-    if o.enable or o.disable:
-        print(tr(f"Recording is now {recording()[1]}.", f"进度记录现在{recording()[1]}。"))
-        print(tr(f"Records stay on this computer, in {_show_path(path)}.",
-                 f"记录只保存在这台电脑上：{_show_path(path)}。"))
-        return 0
+    print(tr(f"Recording is now {recording()[1]}.", f"进度记录现在{recording()[1]}。"))
+    print(tr(f"Records stay on this computer, in {_show_path(path)}.",
+             f"记录只保存在这台电脑上：{_show_path(path)}。"))
+    return 0
+
+
+def _report(path: Path) -> int:
+    """The table of the progress recorded in `path`, its totals and where it is kept."""
     try:
         records, bad = read(path)
     except OSError as exc:
@@ -354,7 +369,6 @@ def main(argv: list[str] | None = None) -> int:
              f"{_show_path(path)} 中记录了 {len(records)} 次检查{skipped}；只保存在这台电脑上。"))
     print(tr(f"Recording is {recording()[1]}.", f"进度记录{recording()[1]}。"))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
