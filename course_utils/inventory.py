@@ -20,13 +20,15 @@ EDITIONS = {"en": "notebooks", "zh-CN": "notebooks-zh"}  # language -> the folde
 @dataclass(frozen=True)
 class Chapter:
     """One chapter: ``notebooks/{number}_{topic}.ipynb``, ``course_utils/ch{number}_{topic}.py``
-    and ``course_utils/exercises/ch{number}.py``."""
+    (with its parts, ``course_utils/ch{number}_{part}.py``, whose names it re-exports) and
+    ``course_utils/exercises/ch{number}.py``."""
 
     number: str  # "04"
     topic: str  # "distributed"
     exercises: tuple[str, ...]  # the notebook's variables, in the order of the module's EXERCISES
     starts_processes: bool = False  # DataLoader workers, mp.spawn or torchrun: the spawn lane runs it
     scripts: tuple[str, ...] = ()  # the scripts of notebooks/scripts/ it launches
+    parts: tuple[str, ...] = ()  # the modules its helper module is split into, named after the chapter
 
     @property
     def stem(self) -> str:
@@ -46,6 +48,11 @@ class Chapter:
         return f"course_utils.ch{self.stem}"
 
     @property
+    def part_modules(self) -> tuple[str, ...]:
+        """The helper module's parts: ``course_utils.ch01_graph``, ..."""
+        return tuple(f"course_utils.{self.key}_{part}" for part in self.parts)
+
+    @property
     def exercise_module(self) -> str:
         return f"course_utils.exercises.{self.key}"
 
@@ -63,7 +70,7 @@ class Script:
 
 CHAPTERS = (
     Chapter("00", "start_here", ("q1",)),
-    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6")),
+    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6"), parts=("graph", "drawing")),
     Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5")),
     Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5", "q6"), starts_processes=True),
     Chapter("04", "distributed", ("q1", "q2", "q3", "q4"), starts_processes=True,
