@@ -83,7 +83,7 @@ CHAPTERS = (
             scripts=("pitfall_rank0_eval.py", "collective_mismatch.py")),
     Chapter("07", "parallelism", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("tensor_parallel.py", "pipeline_parallel.py", "mesh_2d.py", "comm_overlap.py",
-                     "stragglers.py", "fsdp2_in_depth.py")),
+                     "stragglers.py", "fsdp2_in_depth.py"), parts=("schedules", "figures")),
 )
 
 SCRIPTS = (
