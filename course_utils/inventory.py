@@ -80,7 +80,7 @@ CHAPTERS = (
     Chapter("05", "full_pipeline", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("train.py",)),
     Chapter("06", "pitfalls", ("q1", "q2", "q3", "q4", "q5"), starts_processes=True,
-            scripts=("pitfall_rank0_eval.py", "collective_mismatch.py")),
+            scripts=("pitfall_rank0_eval.py", "collective_mismatch.py"), parts=("training",)),
     Chapter("07", "parallelism", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("tensor_parallel.py", "pipeline_parallel.py", "mesh_2d.py", "comm_overlap.py",
                      "stragglers.py", "fsdp2_in_depth.py"), parts=("schedules", "figures")),
