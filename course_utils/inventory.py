@@ -78,7 +78,7 @@ CHAPTERS = (
             scripts=("hello_dist.py", "collectives.py", "sampler_demo.py", "ddp_digits.py",
                      "ddp_equals_big_batch.py", "fsdp_demo.py", "spawn_demo.py")),
     Chapter("05", "full_pipeline", ("q1", "q2", "q3", "q4"), starts_processes=True,
-            scripts=("train.py",)),
+            scripts=("train.py",), parts=("config", "checkpoints")),
     Chapter("06", "pitfalls", ("q1", "q2", "q3", "q4", "q5"), starts_processes=True,
             scripts=("pitfall_rank0_eval.py", "collective_mismatch.py"), parts=("training",)),
     Chapter("07", "parallelism", ("q1", "q2", "q3", "q4"), starts_processes=True,
