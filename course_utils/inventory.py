@@ -21,7 +21,7 @@ EDITIONS = {"en": "notebooks", "zh-CN": "notebooks-zh"}  # language -> the folde
 class Chapter:
     """One chapter: ``notebooks/{number}_{topic}.ipynb``, ``course_utils/ch{number}_{topic}.py``
     (with its parts, ``course_utils/ch{number}_{part}.py``, whose names it re-exports) and
-    ``course_utils/exercises/ch{number}.py``."""
+    ``course_utils/exercises/ch{number}.py`` (with its parts, ``exercises/ch{number}_{part}.py``)."""
 
     number: str  # "04"
     topic: str  # "distributed"
@@ -29,6 +29,7 @@ class Chapter:
     starts_processes: bool = False  # DataLoader workers, mp.spawn or torchrun: the spawn lane runs it
     scripts: tuple[str, ...] = ()  # the scripts of notebooks/scripts/ it launches
     parts: tuple[str, ...] = ()  # the modules its helper module is split into, named after the chapter
+    exercise_parts: tuple[str, ...] = ()  # the same for its exercise module
 
     @property
     def stem(self) -> str:
@@ -56,6 +57,11 @@ class Chapter:
     def exercise_module(self) -> str:
         return f"course_utils.exercises.{self.key}"
 
+    @property
+    def exercise_part_modules(self) -> tuple[str, ...]:
+        """The exercise module's parts: ``course_utils.exercises.ch01_walks``, ..."""
+        return tuple(f"course_utils.exercises.{self.key}_{part}" for part in self.exercise_parts)
+
 
 @dataclass(frozen=True)
 class Script:
@@ -70,7 +76,8 @@ class Script:
 
 CHAPTERS = (
     Chapter("00", "start_here", ("q1",)),
-    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6"), parts=("graph", "drawing")),
+    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6"), parts=("graph", "drawing"),
+            exercise_parts=("walks",)),
     Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5")),
     Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5", "q6"), starts_processes=True,
             parts=("batches", "throughput")),

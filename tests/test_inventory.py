@@ -33,8 +33,9 @@ def test_every_notebook_and_module_of_a_chapter_exists_and_nothing_else_does():
     assert helpers == sorted(m.rpartition(".")[2] for ch in inventory.CHAPTERS
                              for m in (ch.helper_module, *ch.part_modules))
     exercises = sorted(p.stem for p in (ROOT / "course_utils" / "exercises").glob("ch*.py"))
-    assert exercises == sorted(ch.key for ch in inventory.CHAPTERS)
-    assert [ch.number for ch in inventory.CHAPTERS] == [f"{i:02d}" for i in range(len(exercises))]
+    assert exercises == sorted(m.rpartition(".")[2] for ch in inventory.CHAPTERS
+                               for m in (ch.exercise_module, *ch.exercise_part_modules))
+    assert [ch.number for ch in inventory.CHAPTERS] == [f"{i:02d}" for i in range(len(inventory.CHAPTERS))]
 
 
 @pytest.mark.parametrize("chapter", inventory.CHAPTERS, ids=CHAPTER_IDS)
