@@ -78,7 +78,7 @@ CHAPTERS = (
     Chapter("00", "start_here", ("q1",)),
     Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6"), parts=("graph", "drawing"),
             exercise_parts=("walks",)),
-    Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5")),
+    Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5"), parts=("mini",)),
     Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5", "q6"), starts_processes=True,
             parts=("batches", "throughput")),
     Chapter("04", "distributed", ("q1", "q2", "q3", "q4"), starts_processes=True,
