@@ -70,7 +70,8 @@ def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D[
     shown = ", ".join(map(str, labels))
     return describe_figure(fig, f"{len(labels)} handwritten digits from the {split} split ({which}, seed {seed}), "
                          f"28x28 pixels each, dark strokes on white, in a grid; their labels in order: {shown}.",
-                    f"{_split_name(split)}中的 {len(labels)} 个手写数字（{which}，随机种子 {seed}），每张 28x28 像素，"
+                    f"{_split_name(split)}中的 {len(labels)} 个手写数字（{which}，随机种子 "
+                    f"{seed}），每张 28x28 像素，"
                     f"白底深色笔画，排成网格；按顺序的标签：{shown}。")
 
 

@@ -1,8 +1,11 @@
-"""Chapter 02 (nn.Module): a model summary, a miniature Module, hooks, initialisation, the model builder."""
+"""Chapter 02 (nn.Module): a model summary, a miniature Module, hooks, initialisation, the model builder.
+
+The miniature Module is in ``ch02_mini``; its names are imported here, so the notebook imports everything
+from this module."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from itertools import pairwise
 from typing import Any
@@ -10,6 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .ch02_mini import (  # noqa: F401  (re-exported: the chapter's names stay importable from here)
+    MiniLinear,
+    MiniModule,
+    MiniReLU,
+)
 from .figures import COLORS, describe_figure, pyplot, show_figure
 from .i18n import pad, text_width, tr
 
@@ -61,150 +69,6 @@ def summary(model: nn.Module, example_input: Tensor) -> str:
     return "\n".join([rule, lines[0], "=" * len(rule), *lines[1:], "=" * len(rule), *totals, rule])
 
 
-# --------------------------------------------------------------------------- a miniature nn.Module
-
-
-class MiniModule:
-    """``nn.Module``'s registration in miniature (``torch/nn/modules/module.py``), for reading.
-
-    ``__setattr__`` files each value under ``_parameters``, ``_modules`` or ``_buffers``, with the
-    real class's guards; everything else walks those dictionaries.
-    """
-
-    def __init__(self) -> None:
-        # object.__setattr__ skips our own __setattr__: these dicts must exist before it can run.
-        object.__setattr__(self, "_parameters", {})
-        object.__setattr__(self, "_buffers", {})
-        object.__setattr__(self, "_non_persistent", set())
-        object.__setattr__(self, "_modules", {})
-        object.__setattr__(self, "training", True)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if "_parameters" not in self.__dict__:
-            raise AttributeError("call super().__init__() before assigning attributes")
-        if isinstance(value, nn.Parameter):
-            self._forget(name)
-            self._parameters[name] = value
-        elif name in self._parameters:  # a parameter or child-module name accepts only its own kind (or None)
-            if value is not None:
-                raise self._wrong_kind(name, value, "parameter", "nn.Parameter or None")
-            self._parameters[name] = None
-        elif isinstance(value, MiniModule):
-            self._forget(name)
-            self._modules[name] = value
-        elif name in self._modules:
-            if value is not None:
-                raise self._wrong_kind(name, value, "child module", "MiniModule or None")
-            self._modules[name] = None
-        elif isinstance(value, nn.Buffer):
-            self.register_buffer(name, value, persistent=value.persistent)
-        elif name in self._buffers:
-            if value is not None and not isinstance(value, torch.Tensor):
-                raise self._wrong_kind(name, value, "buffer", "Tensor or None")
-            self._buffers[name] = value  # re-assigning a buffer keeps it a buffer
-        else:
-            self._forget(name)
-            object.__setattr__(self, name, value)
-
-    @staticmethod
-    def _wrong_kind(name: str, value: Any, kind: str, expected: str) -> TypeError:
-        return TypeError(f"cannot assign {type(value).__name__!r} as {kind} {name!r} ({expected} expected)")
-
-    def _forget(self, name: str) -> None:
-        for store in (self._parameters, self._buffers, self._modules):
-            store.pop(name, None)
-        self._non_persistent.discard(name)
-        self.__dict__.pop(name, None)
-
-    def __getattr__(self, name: str) -> Any:
-        # Python calls this only when normal lookup fails: registered values live in the dicts.
-        for store in ("_parameters", "_buffers", "_modules"):
-            values = self.__dict__.get(store, {})
-            if name in values:
-                return values[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
-        """A tensor of the module's state that is not trained (e.g. running statistics)."""
-        self._forget(name)
-        self._buffers[name] = tensor
-        if not persistent:
-            self._non_persistent.add(name)
-
-    def named_modules(self, prefix: str = "", memo: set[int] | None = None) -> Iterator[tuple[str, MiniModule]]:
-        """This module and every sub-module, depth first, each one once."""
-        memo = set() if memo is None else memo
-        if id(self) in memo:
-            return
-        memo.add(id(self))
-        yield prefix, self
-        for name, child in self._modules.items():
-            if child is not None:
-                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
-
-    def _named(self, store: str) -> Iterator[tuple[str, Tensor]]:
-        seen: set[int] = set()
-        for mod_name, mod in self.named_modules():
-            for name, t in getattr(mod, store).items():
-                if t is not None and id(t) not in seen:
-                    seen.add(id(t))
-                    yield (f"{mod_name}.{name}" if mod_name else name), t
-
-    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
-        return self._named("_parameters")
-
-    def parameters(self) -> Iterator[Tensor]:
-        return (p for _, p in self.named_parameters())
-
-    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
-        return self._named("_buffers")
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """Parameters and persistent buffers by dotted name (the tensors themselves, detached)."""
-        out: dict[str, Tensor] = {}
-        for mod_name, mod in self.named_modules():
-            dot = f"{mod_name}." if mod_name else ""
-            for name, p in mod._parameters.items():
-                if p is not None:
-                    out[dot + name] = p.detach()
-            for name, b in mod._buffers.items():
-                if b is not None and name not in mod._non_persistent:
-                    out[dot + name] = b.detach()
-        return out
-
-    def train(self, mode: bool = True) -> MiniModule:
-        for _, mod in self.named_modules():
-            object.__setattr__(mod, "training", mode)
-        return self
-
-    def eval(self) -> MiniModule:
-        return self.train(False)
-
-    def __call__(self, *args: Any) -> Any:
-        return self.forward(*args)  # the real one also runs the hooks around this call
-
-
-class MiniLinear(MiniModule):
-    """``y = x W^T + b`` on the miniature base class, initialised exactly like ``nn.Linear``."""
-
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__()
-        # borrow the real initialisation (the same random draws)
-        ref = nn.Linear(in_features, out_features)
-        self.weight = nn.Parameter(ref.weight.detach().clone())
-        self.bias = nn.Parameter(ref.bias.detach().clone())
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x @ self.weight.T + self.bias
-
-
-class MiniReLU(MiniModule):
-    """ReLU on the miniature base class (no parameters)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.relu(x)
-
-
 # --------------------------------------------------------------------------- hooks and per-layer statistics
 # Statistics are {layer name: {"kind", "mean", "std", "zeros" (a fraction), optionally "grad"}}.
 
@@ -236,7 +100,8 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
 
     panels = [
         ("std", 1, tr("std of the layer's output", "该层输出的标准差"), tr("spread", "离散程度")),
-        ("zeros", 100, tr("outputs exactly 0 (%)", "恰好为 0 的输出（%）"), tr("zeros (ReLU, dropout)", "零值（ReLU、dropout）")),
+        ("zeros", 100, tr("outputs exactly 0 (%)", "恰好为 0 的输出（%）"),
+         tr("zeros (ReLU, dropout)", "零值（ReLU、dropout）")),
     ]
     if all("grad" in s for s in stats.values()):
         panels.append(("grad", 1, tr("norm of d loss / d output", "d loss / d output 的范数"),
@@ -257,13 +122,15 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     fig.tight_layout()
     layers = list(stats.items())
     std_en = "; ".join(f"{name} ({s['kind']}) std {s['std']:.3f}, {s['zeros']:.0%} zeros" for name, s in layers)
-    std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}" for name, s in layers)
+    std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}"
+                      for name, s in layers)
     grad = len(panels) == 3
     return describe_figure(
         fig,
         f"{len(panels)} bar charts, one bar per layer in forward order, of each layer's output spread, "
         f"its share of exact zeros{' and the norm of its gradient' if grad else ''}: {std_en}.",
-        f"{len(panels)} 个柱状图，每层一根柱子，按前向传播的顺序，画出每层输出的标准差、恰好为 0 的比例"
+        f"{len(panels)} 个柱状图，每层一根柱子，按前向传播的顺序，"
+        "画出每层输出的标准差、恰好为 0 的比例"
         f"{'以及梯度的范数' if grad else ''}：{std_zh}。")
 
 
@@ -349,11 +216,12 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
         ax.set_yscale("log")
         ax.set_xticks(range(0, len(depths) + 1, 5))
         title = f"{len(depths)} x [Linear({width}, {width}) + {act}]"
-        ax.set(xlabel=tr("layer (depth)", "层（深度）"), ylabel=tr("std across inputs (log scale)", "各输入间的标准差（对数坐标）"),
-               title=title)
+        ax.set(xlabel=tr("layer (depth)", "层（深度）"),
+               ylabel=tr("std across inputs (log scale)", "各输入间的标准差（对数坐标）"), title=title)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(tr("How initialisation sets the scale of the signal through depth", "初始化如何决定信号随深度变化的尺度"))
+    fig.suptitle(tr("How initialisation sets the scale of the signal through depth",
+                    "初始化如何决定信号随深度变化的尺度"))
     fig.tight_layout()
     ends = {act: {scheme: stds[-1] for scheme, stds in by.items()} for act, by in results.items()}
     en = "; ".join(f"{act}: " + ", ".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
@@ -363,7 +231,8 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
         fig,
         f"Line charts, one per activation, of the signal's spread (log scale) after each of "
         f"{len(depths)} layers, one line per initialisation; after the last layer: {en}.",
-        f"折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 {len(depths)} 层逐层的变化，"
+        "折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 "
+        f"{len(depths)} 层逐层的变化，"
         f"每种初始化一条线；最后一层之后：{zh}。")
 
 
@@ -443,7 +312,8 @@ def show_model_builder(
         + f"\n{format_stats(stats)}"
     )
     title = tr(f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}",
-               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，归一化：{_norm_name(norm)}")
+               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，"
+               f"归一化：{_norm_name(norm)}")
     show_figure(plot_activation_stats(stats, title))
 
 

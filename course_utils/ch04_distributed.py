@@ -115,8 +115,10 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
         f"{title}. Rows of numbered boxes: the top row is the epoch's order of the data set's indices "
         f"{order}; below it, one row per rank with its share: "
         + "; ".join(f"rank {r}: {share}" for r, share in enumerate(shares)) + f". {note}.",
-        f"{title}。一行行带编号的方框：最上面一行是该 epoch 中数据集索引的顺序 {order}；下面每个 rank 一行，"
-        "是它分到的部分：" + "；".join(f"rank {r}：{share}" for r, share in enumerate(shares)) + f"。{note}。")
+        f"{title}。一行行带编号的方框：最上面一行是该 epoch 中数据集索引的顺序 "
+        f"{order}；下面每个 rank 一行，"
+        "是它分到的部分："
+        + "；".join(f"rank {r}：{share}" for r, share in enumerate(shares)) + f"。{note}。")
 
 
 def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -147,7 +149,8 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
         f"Two grids of boxes, one per mode, with a row per epoch and a column per item of the {n}-item data "
         f"set, each box coloured by the rank that read the item. With set_epoch, the items each rank "
         f"reads: {reads(modes[0], '; ', 'rank')}. Without set_epoch: {reads(modes[1], '; ', 'rank')}.",
-        f"两组方框网格，每种做法一组：每个 epoch 一行，{n} 个样本的数据集中每个样本一列，方框的颜色表示读取它的 rank。"
+        f"两组方框网格，每种做法一组：每个 epoch 一行，{n} "
+        "个样本的数据集中每个样本一列，方框的颜色表示读取它的 rank。"
         f"调用 set_epoch 时，各 rank 读取的样本：{reads(modes[0], '；', 'rank')}。"
         f"不调用 set_epoch 时：{reads(modes[1], '；', 'rank')}。")
 
@@ -194,7 +197,8 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
         fig,
         f"For each of {len(names)} collectives on {world} processes, rows of boxes with the values each rank "
         f"holds before and after the call: {held('; ', ' becomes ')}.",
-        f"{len(names)} 种集合通信在 {world} 个进程上运行，每种画出一行行方框：每个 rank 调用前后持有的值："
+        f"{len(names)} 种集合通信在 {world} 个进程上运行，每种画出一行行方框："
+        "每个 rank 调用前后持有的值："
         f"{held('；', ' 变为 ')}。")
 
 
@@ -233,7 +237,8 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
         fig,
         "Horizontal bars, one per parameter of the model, each split into the rows (dim 0) that each rank "
         "stores under fully_shard: " + "; ".join(en) + ".",
-        "水平条形图，模型的每个参数一条，按 fully_shard 下每个 rank 存储的行（第 0 维）分段：" + "；".join(zh) + "。")
+        "水平条形图，模型的每个参数一条，"
+        "按 fully_shard 下每个 rank 存储的行（第 0 维）分段：" + "；".join(zh) + "。")
 
 
 def sampler_explorer() -> Any:

@@ -154,7 +154,8 @@ def _check_split(split: str) -> None:
         raise FileNotFoundError(tr(
             f"The course data is missing ({DIGITS / split} does not exist). "
             "Run `python -m course_utils.data build` from the course folder.",
-            f"课程数据缺失（{DIGITS / split} 不存在）。请在课程文件夹中运行 `python -m course_utils.data build`。"
+            f"课程数据缺失（{DIGITS / split} 不存在）。请在课程文件夹中运行 `python -m "
+            "course_utils.data build`。"
         ))
 
 

@@ -94,8 +94,10 @@ def busy_warning(load: float | None, cores: int) -> str:
               "compete for the CPU (or, on Linux, the disk), so these numbers measure that competition as much "
               "as the loader (more worker processes simply win a larger share of the CPU). Measure again when the "
               "machine is idle before drawing conclusions.",
-              f"警告：这台机器正忙：负载均值 {load:.1f}，而只有 {cores} 个核心。其他程序在争抢 CPU（在 Linux 上"
-              "也可能是磁盘），所以这些数字测到的既是加载器，也同样是这种争抢（worker 进程越多，只是抢到的 CPU "
+              f"警告：这台机器正忙：负载均值 {load:.1f}，而只有 {cores} 个核心。"
+              "其他程序在争抢 CPU（在 Linux 上"
+              "也可能是磁盘），所以这些数字测到的既是加载器，也同样是这种争抢（worker "
+              "进程越多，只是抢到的 CPU "
               "份额越大）。请等机器空闲时再测一次，然后再下结论。")
 
 
@@ -107,7 +109,8 @@ def cpu_load() -> str:
         return ""
     cores = cpu_cores()
     busy = tr(" (busy: load above the core count, numbers are not an idle machine's)",
-              "（繁忙：负载高于核心数，这些数字不是空闲机器上的结果）") if load > cores else ""
+              "（繁忙：负载高于核心数，"
+              "这些数字不是空闲机器上的结果）") if load > cores else ""
     return tr(f"load average {load:.1f} on {cores} cores{busy}", f"负载均值 {load:.1f}{busy}")
 
 

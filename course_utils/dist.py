@@ -34,7 +34,8 @@ def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
             "Start one process per GPU (--nproc-per-node), or set COURSE_BACKEND=nccl to make "
             "this an error.",
             f"本节点上有 {local_world_size} 个进程，却只有 {gpus} 块 GPU：改用 CPU 上的 gloo。"
-            "请每块 GPU 启动一个进程（--nproc-per-node），或者设置 COURSE_BACKEND=nccl，让这种情况直接报错。"),
+            "请每块 GPU 启动一个进程（--nproc-per-node），或者设置 "
+            "COURSE_BACKEND=nccl，让这种情况直接报错。"),
             stacklevel=2,
         )
     return "gloo"
@@ -43,7 +44,8 @@ def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
 def check_backend(backend: str, local_world_size: int, setting: str | None = None) -> None:
     """Refuse, with a clear reason, a backend that cannot work on this machine. `setting`: the
     environment variable the backend came from (``COURSE_BACKEND``), named in the message."""
-    where = f" ({setting}={backend} is set in your environment: unset {setting} to let the course choose)" if setting else ""
+    where = (f" ({setting}={backend} is set in your environment: unset {setting} to let the course choose)"
+             if setting else "")
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}{where}")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0

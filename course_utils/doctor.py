@@ -164,7 +164,8 @@ def check_data(root: Path | None = None) -> Check:
     problems = data.verify(root)
     if problems:
         first = problems[0]
-        more = tr(f" (+{len(problems) - 1} more)", f"（另有 {len(problems) - 1} 处问题）") if len(problems) > 1 else ""
+        more = tr(f" (+{len(problems) - 1} more)",
+                  f"（另有 {len(problems) - 1} 处问题）") if len(problems) > 1 else ""
         return Check("data", "FAIL", tr(f"{first}{more}: run `python -m course_utils.data build` to restore it",
                                         f"{first}{more}：运行 `python -m course_utils.data build` 恢复数据"))
     n = len(__import__("json").loads((root / data.MANIFEST).read_text())["files"])
@@ -186,7 +187,8 @@ def setting_fix(error: str) -> str:
         if name in error:
             return tr(f"{name}={value} is set in your environment and does not work here: unset {name} "
                       f"(or correct it), {again()}",
-                      f"你的环境中设置了 {name}={value}，它在这台机器上行不通：请取消设置 {name}"
+                      f"你的环境中设置了 {name}={value}，"
+                      f"它在这台机器上行不通：请取消设置 {name}"
                       f"（unset {name}，或改成正确的值），{again()}")
     return ""
 
@@ -213,10 +215,11 @@ def check_settings() -> Check:
             return Check("settings", "FAIL", f"{text.rstrip('.')}: {fix}" if fix else text, fix)
     shown = ", ".join(f"{k}={v}" for k, v in found.items())
     lang = found.get("COURSE_LANG")
-    if lang is not None and lang.strip().lower().split(".")[0] not in ("en", "english", "zh", "zh-cn", "zh_cn", "chinese"):
-        return Check("settings", "WARN", tr(f"{shown}: COURSE_LANG={lang} is not a language of the course (en, zh); "
-                                            "the course speaks English", f"{shown}：COURSE_LANG={lang} 不是本课程的语言"
-                                            "（en、zh）；课程将使用英文"))
+    if lang is not None and lang.strip().lower().split(".")[0] not in (
+            "en", "english", "zh", "zh-cn", "zh_cn", "chinese"):
+        return Check("settings", "WARN", tr(
+            f"{shown}: COURSE_LANG={lang} is not a language of the course (en, zh); the course speaks English",
+            f"{shown}：COURSE_LANG={lang} 不是本课程的语言（en、zh）；课程将使用英文"))
     return Check("settings", "OK", shown or tr("none of " + ", ".join(SETTINGS) + " is set: the course chooses",
                                               "未设置 " + "、".join(SETTINGS) + "：由课程自动选择"))
 
@@ -281,7 +284,8 @@ def _autograd(seconds: float) -> str:
     if not torch.allclose(x.grad, 2 * x.detach()):
         raise RuntimeError(tr(f"the gradient of sum(x**2) at {x.tolist()} came out as {x.grad.tolist()}",
                               f"sum(x**2) 在 {x.tolist()} 处的梯度算成了 {x.grad.tolist()}"))
-    return tr(f"a backward pass on {device.type}: d/dx sum(x**2) = 2x", f"在 {device.type} 上的一次反向传播：d/dx sum(x**2) = 2x")
+    return tr(f"a backward pass on {device.type}: d/dx sum(x**2) = 2x",
+              f"在 {device.type} 上的一次反向传播：d/dx sum(x**2) = 2x")
 
 
 def _module(seconds: float) -> str:
@@ -315,7 +319,8 @@ def _dataloader(seconds: float) -> str:
     if seen != list(range(16)):
         raise RuntimeError(tr(f"the batches held the items {seen}, not 0-15 once each",
                               f"各批次中的样本是 {seen}，而不是 0-15 各一次"))
-    return tr("a DataLoader with 2 worker processes over 16 items", "一个带 2 个 worker 进程的 DataLoader，共 16 个样本")
+    return tr("a DataLoader with 2 worker processes over 16 items",
+              "一个带 2 个 worker 进程的 DataLoader，共 16 个样本")
 
 
 def _distributed(seconds: float) -> str:
@@ -355,7 +360,8 @@ WORKSHOP = [
     Item("distributed", _distributed, 40.0,
          lambda: tr("2 local processes could not talk to each other: let Python accept local connections in "
                     "your firewall, pause any VPN, check that `ping localhost` answers, " + again(),
-                    "本机的 2 个进程之间无法通信：请在防火墙中允许 Python 接受本地连接，暂停所有 VPN，"
+                    "本机的 2 个进程之间无法通信：请在防火墙中允许 Python "
+                    "接受本地连接，暂停所有 VPN，"
                     "确认 `ping localhost` 有响应，" + again())),
     Item("ipywidgets", _ipywidgets, 20.0,
          lambda: tr(f"sliders will not work in the notebooks: {fix_install()}, {again()}",

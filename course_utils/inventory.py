@@ -20,13 +20,16 @@ EDITIONS = {"en": "notebooks", "zh-CN": "notebooks-zh"}  # language -> the folde
 @dataclass(frozen=True)
 class Chapter:
     """One chapter: ``notebooks/{number}_{topic}.ipynb``, ``course_utils/ch{number}_{topic}.py``
-    and ``course_utils/exercises/ch{number}.py``."""
+    (with its parts, ``course_utils/ch{number}_{part}.py``, whose names it re-exports) and
+    ``course_utils/exercises/ch{number}.py`` (with its parts, ``exercises/ch{number}_{part}.py``)."""
 
     number: str  # "04"
     topic: str  # "distributed"
     exercises: tuple[str, ...]  # the notebook's variables, in the order of the module's EXERCISES
     starts_processes: bool = False  # DataLoader workers, mp.spawn or torchrun: the spawn lane runs it
     scripts: tuple[str, ...] = ()  # the scripts of notebooks/scripts/ it launches
+    parts: tuple[str, ...] = ()  # the modules its helper module is split into, named after the chapter
+    exercise_parts: tuple[str, ...] = ()  # the same for its exercise module
 
     @property
     def stem(self) -> str:
@@ -46,8 +49,18 @@ class Chapter:
         return f"course_utils.ch{self.stem}"
 
     @property
+    def part_modules(self) -> tuple[str, ...]:
+        """The helper module's parts: ``course_utils.ch01_graph``, ..."""
+        return tuple(f"course_utils.{self.key}_{part}" for part in self.parts)
+
+    @property
     def exercise_module(self) -> str:
         return f"course_utils.exercises.{self.key}"
+
+    @property
+    def exercise_part_modules(self) -> tuple[str, ...]:
+        """The exercise module's parts: ``course_utils.exercises.ch01_walks``, ..."""
+        return tuple(f"course_utils.exercises.{self.key}_{part}" for part in self.exercise_parts)
 
 
 @dataclass(frozen=True)
@@ -63,19 +76,21 @@ class Script:
 
 CHAPTERS = (
     Chapter("00", "start_here", ("q1",)),
-    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6")),
-    Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5")),
-    Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5", "q6"), starts_processes=True),
+    Chapter("01", "autograd", ("q1", "q2", "q3", "q4", "q5", "q6"), parts=("graph", "drawing"),
+            exercise_parts=("walks",)),
+    Chapter("02", "nn_module", ("q1", "q2", "q3", "q4", "q5"), parts=("mini",)),
+    Chapter("03", "data_loading", ("q1", "q2", "q3", "q4", "q5", "q6"), starts_processes=True,
+            parts=("batches", "throughput")),
     Chapter("04", "distributed", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("hello_dist.py", "collectives.py", "sampler_demo.py", "ddp_digits.py",
                      "ddp_equals_big_batch.py", "fsdp_demo.py", "spawn_demo.py")),
     Chapter("05", "full_pipeline", ("q1", "q2", "q3", "q4"), starts_processes=True,
-            scripts=("train.py",)),
+            scripts=("train.py",), parts=("config", "checkpoints")),
     Chapter("06", "pitfalls", ("q1", "q2", "q3", "q4", "q5"), starts_processes=True,
-            scripts=("pitfall_rank0_eval.py", "collective_mismatch.py")),
+            scripts=("pitfall_rank0_eval.py", "collective_mismatch.py"), parts=("training",)),
     Chapter("07", "parallelism", ("q1", "q2", "q3", "q4"), starts_processes=True,
             scripts=("tensor_parallel.py", "pipeline_parallel.py", "mesh_2d.py", "comm_overlap.py",
-                     "stragglers.py", "fsdp2_in_depth.py")),
+                     "stragglers.py", "fsdp2_in_depth.py"), parts=("schedules", "figures")),
 )
 
 SCRIPTS = (

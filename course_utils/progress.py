@@ -63,9 +63,11 @@ def recording() -> tuple[bool, str]:
     """Whether checks are recorded now, and why (in words)."""
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in _OFF:
-        return False, tr(f"off ({ENV_SWITCH}={value} in the environment)", f"已关闭（环境变量 {ENV_SWITCH}={value}）")
+        return False, tr(f"off ({ENV_SWITCH}={value} in the environment)",
+                         f"已关闭（环境变量 {ENV_SWITCH}={value}）")
     if value in _ON:
-        return True, tr(f"on ({ENV_SWITCH}={value} in the environment)", f"已开启（环境变量 {ENV_SWITCH}={value}）")
+        return True, tr(f"on ({ENV_SWITCH}={value} in the environment)",
+                        f"已开启（环境变量 {ENV_SWITCH}={value}）")
     try:
         flagged = flag_file().is_file()
     except OSError:
@@ -148,7 +150,8 @@ def record(chapter: str, exercise: str, status: str) -> bool:
                     f"Your progress could not be saved to {where} ({type(exc).__name__}: {exc}); "
                     f"checks work as before. To stop trying, set {ENV_SWITCH}=0 or run "
                     "`python -m course_utils progress --disable`.\n",
-                    f"无法把你的进度保存到 {where}（{type(exc).__name__}: {exc}）；检查功能照常可用。"
+                    f"无法把你的进度保存到 {where}（{type(exc).__name__}: "
+                    f"{exc}）；检查功能照常可用。"
                     f"如果不想再尝试保存，请设置 {ENV_SWITCH}=0，或运行 "
                     "`python -m course_utils progress --disable`。\n",
                 ))
@@ -264,7 +267,8 @@ def summarise(records: Iterable[dict], known: dict[str, list[str]]) -> Summary:
 def format_table(summary: Summary, titles: dict[str, str] | None = None) -> str:
     """Chapters down, exercises across (in the order they first appear), a done count per chapter."""
     titles = titles or {}
-    shown = {"done": tr("done", "已完成"), "tried": tr("tried", "已尝试"), "not yet": tr("not yet", "尚未作答")}
+    shown = {"done": tr("done", "已完成"), "tried": tr("tried", "已尝试"),
+             "not yet": tr("not yet", "尚未作答")}
     columns: list[str] = []
     for row in summary.states.values():
         columns += [name for name in row if name not in columns]
@@ -284,7 +288,7 @@ def _show_path(path: Path) -> str:
     return str(path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils progress",
         description="Your progress through the exercises, kept on this computer only.",
@@ -294,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--disable", action="store_true", help="stop recording (keeps what is recorded)")
     action.add_argument("--reset", action="store_true", help="clear what is recorded (with --yes)")
     parser.add_argument("--yes", action="store_true", help="confirm --reset")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     o = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if o.yes and not o.reset:
         parser.error("--yes confirms --reset; use them together")
@@ -301,10 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     if not path.name or path.is_dir():
         print(tr(f"error: {ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} names a folder, not a file: name a "
                  f"file for your progress (such as ~/progress.jsonl), or unset {ENV_FILE} to use the usual one.",
-                 f"错误：{ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} 指向的是一个文件夹，而不是文件："
-                 f"请指定一个保存进度的文件（例如 ~/progress.jsonl），或者取消设置 {ENV_FILE}，使用默认文件。"),
+                 f"错误：{ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} "
+                 "指向的是一个文件夹，而不是文件："
+                 "请指定一个保存进度的文件（例如 ~/progress.jsonl），或者取消设置 "
+                 f"{ENV_FILE}，使用默认文件。"),
               file=sys.stderr)
         return 2
+    if o.enable or o.disable or o.reset:
+        return _change(o, path, flag)
+    return _report(path)
+
+
+def _change(o: argparse.Namespace, path: Path, flag: Path) -> int:
+    """--enable, --disable or --reset (--yes): what it changed, said; the command's exit status."""
     try:
         if o.enable:
             flag.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -325,29 +343,32 @@ def main(argv: list[str] | None = None) -> int:
         print(tr(f"error: {exc}. Check that you can write to {_show_path(path.parent)}.",
                  f"错误：{exc}。请检查你能否写入 {_show_path(path.parent)}。"), file=sys.stderr)
         return 1
-    if o.enable or o.disable:
-        print(tr(f"Recording is now {recording()[1]}.", f"进度记录现在{recording()[1]}。"))
-        print(tr(f"Records stay on this computer, in {_show_path(path)}.",
-                 f"记录只保存在这台电脑上：{_show_path(path)}。"))
-        return 0
+    print(tr(f"Recording is now {recording()[1]}.", f"进度记录现在{recording()[1]}。"))
+    print(tr(f"Records stay on this computer, in {_show_path(path)}.",
+             f"记录只保存在这台电脑上：{_show_path(path)}。"))
+    return 0
+
+
+def _report(path: Path) -> int:
+    """The table of the progress recorded in `path`, its totals and where it is kept."""
     try:
         records, bad = read(path)
     except OSError as exc:
-        print(tr(f"error: cannot read {_show_path(path)} ({exc}).", f"错误：无法读取 {_show_path(path)}（{exc}）。"),
-              file=sys.stderr)
+        print(tr(f"error: cannot read {_show_path(path)} ({exc}).",
+                 f"错误：无法读取 {_show_path(path)}（{exc}）。"), file=sys.stderr)
         return 1
     summary = summarise(records, chapters())
     print(format_table(summary, chapter_titles()))
     done, tried, not_yet = (summary.count(state) for state in ("done", "tried", "not yet"))
     print(tr(f"\ntotal: {done} done, {tried} tried, {not_yet} not yet, of {summary.total} exercises",
-             f"\n合计：共 {summary.total} 道练习，已完成 {done} 道，已尝试 {tried} 道，尚未作答 {not_yet} 道"))
+             f"\n合计：共 {summary.total} 道练习，已完成 {done} 道，已尝试 {tried} 道，"
+             f"尚未作答 {not_yet} 道"))
     skipped = tr(f" ({bad} unreadable line{'s' * (bad != 1)} skipped)",
                  f"（跳过了 {bad} 行无法读取的记录）") if bad else ""
     print(tr(f"{len(records)} checks recorded in {_show_path(path)}{skipped}; this computer only.",
              f"{_show_path(path)} 中记录了 {len(records)} 次检查{skipped}；只保存在这台电脑上。"))
     print(tr(f"Recording is {recording()[1]}.", f"进度记录{recording()[1]}。"))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

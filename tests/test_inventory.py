@@ -30,17 +30,23 @@ def test_every_notebook_and_module_of_a_chapter_exists_and_nothing_else_does():
         assert [p.name for p in inventory.notebooks_in(ROOT / folder)] == [
             ch.notebook for ch in inventory.CHAPTERS]
     helpers = sorted(p.stem for p in (ROOT / "course_utils").glob("ch*.py"))
-    assert helpers == sorted(ch.helper_module.rpartition(".")[2] for ch in inventory.CHAPTERS)
+    assert helpers == sorted(m.rpartition(".")[2] for ch in inventory.CHAPTERS
+                             for m in (ch.helper_module, *ch.part_modules))
     exercises = sorted(p.stem for p in (ROOT / "course_utils" / "exercises").glob("ch*.py"))
-    assert exercises == sorted(ch.key for ch in inventory.CHAPTERS)
-    assert [ch.number for ch in inventory.CHAPTERS] == [f"{i:02d}" for i in range(len(exercises))]
+    assert exercises == sorted(m.rpartition(".")[2] for ch in inventory.CHAPTERS
+                               for m in (ch.exercise_module, *ch.exercise_part_modules))
+    assert [ch.number for ch in inventory.CHAPTERS] == [f"{i:02d}" for i in range(len(inventory.CHAPTERS))]
 
 
 @pytest.mark.parametrize("chapter", inventory.CHAPTERS, ids=CHAPTER_IDS)
 def test_each_exercise_variable_is_in_the_modules_exercises_in_order(chapter):
     module = importlib.import_module(chapter.exercise_module)
     assert [getattr(module, name, None) for name in chapter.exercises] == list(module.EXERCISES)
-    importlib.import_module(chapter.helper_module)
+    helpers = importlib.import_module(chapter.helper_module)
+    for part in map(importlib.import_module, chapter.part_modules):  # a part's names stay the chapter's
+        public = [name for name, value in vars(part).items()
+                  if not name.startswith("_") and getattr(value, "__module__", None) == part.__name__]
+        assert all(getattr(helpers, name, None) is getattr(part, name) for name in public), part.__name__
     assert inventory.chapter(chapter.key) is inventory.chapter(chapter.notebook) is chapter
 
 

@@ -5,13 +5,18 @@ import functools
 
 import torch
 
-# autograd's names bound at import, as a learner's module may bind them: no patch of torch.autograd reaches these
-from torch.autograd import backward as _bound_backward
-from torch.autograd import grad as _bound_grad
-
-from ..i18n import spaced, tr
-from .core import Exercise, Incorrect, as_number, as_tensor, kind, take, variant
-from .probes import counting_ops, engine_runs, graph_nodes
+from ..i18n import tr
+from .ch01_walks import (  # noqa: F401  (re-exported: the chapter's names stay importable from here)
+    _autograd_grads,
+    _cases_q5,
+    _leaves,
+    _mistake_backward,
+    _observe_q5,
+    _visited,
+    per_path_walk,
+)
+from .core import Exercise, as_number, as_tensor, variant
+from .probes import counting_ops
 
 
 def answer_q1():
@@ -118,25 +123,38 @@ def _grad(f, x):
     return torch.autograd.grad(f(x), x, create_graph=True)[0]
 
 
-def _observe_q3(fn, case):
-    f, x, v = case[0], case[1].clone().requires_grad_(True), case[2].clone()
-    n = x.numel()
+def _observe_product(fn, case, call: str, wide: int, matrix: tuple[str, str]):
+    """What ``fn(f, x, w)`` returned for a product of a matrix of derivatives with a vector w (Q3: the
+    Hessian and v, Q6: u and the Jacobian); for an x of `wide` entries or more, also whether it built
+    the whole `matrix` (en, zh) on the way: an m x n tensor (m: w's entries, n: x's), or a backward pass
+    per entry of w."""
+    f, x, w = case[0], case[1].clone().requires_grad_(True), case[2].clone()
     with counting_ops() as count:
-        out = fn(f, x, v)
-    hv = as_tensor(out, "hvp(f, x, v)")
-    if n >= _WIDE_N:  # "without building the Hessian": no n x n tensor, no backward pass per entry of x
-        whole = count.largest >= n * n or count.ops > 10 * n
-        yield tr(f"whether it computed all {n} x {n} entries of the Hessian",
-                 f"它是否算出了黑塞矩阵的全部 {n} x {n} 个元素"), whole
-    yield "result", hv
+        out = fn(f, x, w)
+    got = as_tensor(out, call)
+    m, n = w.numel(), x.numel()
+    if n >= wide:
+        whole = count.largest >= m * n or count.ops > 10 * m
+        yield tr(f"whether it computed all {m} x {n} entries of the {matrix[0]}",
+                 f"它是否算出了{matrix[1]}的全部 {m} x {n} 个元素"), whole
+    yield "result", got
 
 
-def _describe_q3(c):
-    x, v = c[1].tolist(), c[2].tolist()
+def _observe_q3(fn, case):  # "without building the Hessian": v has as many entries as x
+    return _observe_product(fn, case, "hvp(f, x, v)", _WIDE_N, ("Hessian", "黑塞矩阵"))
+
+
+def _describe_product(c, w: str) -> str:
+    """A case (f, x, w) of Q3 (`w`: "v") or Q6 ("u") in words: x and w to 4 decimals, or, past 8 entries,
+    their sizes."""
+    doc, x, vec = c[0].__doc__, [round(v, 4) for v in c[1].tolist()], [round(v, 4) for v in c[2].tolist()]
+    if len(x) > 8 and len(vec) == len(x):
+        return tr(f"for f(x) = {doc} at a random x and {w} of {len(x)} entries each",
+                  f"对于 f(x) = {doc}，在各有 {len(x)} 个元素的随机 x 和 {w} 处")
     if len(x) > 8:
-        return tr(f"for f(x) = {c[0].__doc__} at a random x and v of {len(x)} entries each",
-                  f"对于 f(x) = {c[0].__doc__}，在各有 {len(x)} 个元素的随机 x 和 v 处")
-    return tr(f"for f(x) = {c[0].__doc__} at x = {x}, v = {v}", f"对于 f(x) = {c[0].__doc__}，在 x = {x}、v = {v} 处")
+        return tr(f"for f(x) = {doc} at a random x of {len(x)} entries and {w} of {len(vec)}",
+                  f"对于 f(x) = {doc}，在随机的 x（{len(x)} 个元素）和 {w}（{len(vec)} 个元素）处")
+    return tr(f"for f(x) = {doc} at x = {x}, {w} = {vec}", f"对于 f(x) = {doc}，在 x = {x}、{w} = {vec} 处")
 
 
 q3 = Exercise(
@@ -144,7 +162,7 @@ q3 = Exercise(
     hvp,
     cases=_cases_q3,
     observe=_observe_q3,
-    describe=_describe_q3,
+    describe=lambda c: _describe_product(c, "v"),
     mistakes=dict(
         retain_not_create=variant(hvp, "create_graph=True", "retain_graph=True"),
         first_derivative=_grad,
@@ -186,7 +204,8 @@ q4 = Exercise(
     cases=_cases_q4,
     observe=_observe_q4,
     describe=lambda c: tr(
-        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}", f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
+        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}",
+        f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
     ),
     tol=(1e-7, 1e-9),  # float64, as the task asks
     mistakes=dict(
@@ -239,160 +258,6 @@ def backward_walk(out):
                 dependencies[child] -= 1
                 if dependencies[child] == 0:
                     ready.append(child)
-    return grads
-
-
-def per_path_walk(out):
-    """The recursive walk chapter 01 once gave as its answer: it calls a node once for every path that
-    reaches it (2**n calls after n reuses of an intermediate), and one gradient at a time."""
-    grads = {}
-
-    def visit(node, grad):
-        if node is None:
-            return
-        if hasattr(node, "variable"):
-            leaf = node.variable
-            grads[leaf] = grads[leaf] + grad if leaf in grads else grad
-            return
-        sent = node(grad)
-        if isinstance(sent, torch.Tensor):
-            sent = (sent,)
-        for (next_node, _), g in zip(node.next_functions, sent, strict=True):
-            visit(next_node, g)
-
-    with torch.no_grad():
-        visit(out.grad_fn, torch.ones_like(out))
-    return grads
-
-
-_CHAIN = 12  # reuses of an intermediate in the shared-node case: 2**12 paths
-
-
-def _q5_case(name, build, leaves, per_path=False):
-    """A case of Q5: `build(*leaves)` returns the scalar out; `leaves` are {name: (values, requires_grad)}."""
-    made = {k: torch.tensor(v, requires_grad=r) for k, (v, r) in leaves.items()}
-    out = build(**made)
-    grads_of = {k: t for k, t in made.items() if t.requires_grad}
-    shown = {k: t.tolist() for k, t in made.items() if t.numel() <= 4}
-    return out, grads_of, name, shown, per_path
-
-
-def _chain(x, w):
-    h = x * w
-    for _ in range(_CHAIN):
-        h = h + h * 0.5  # h is used twice: two paths lead back through every step
-    return h.sum()
-
-
-def _cases_q5():
-    g = torch.Generator().manual_seed(5)
-    words = torch.randn(5, 2, generator=g).tolist()
-    rows = torch.randn(6, 2, generator=g).tolist()
-    return [
-        _q5_case("sigmoid(w*x + b)", lambda x, w, b: torch.sigmoid(w * x + b),
-                 {"x": ([2.0], True), "w": ([3.0], True), "b": ([1.0], True)}),
-        _q5_case("sigmoid(w*x + b).sum(), x needing no gradient", lambda x, w, b: torch.sigmoid(w * x + b).sum(),
-                 {"x": ([1.0, -2.0], False), "w": ([0.7, 0.2], True), "b": ([0.1, -0.4], True)}),
-        _q5_case("sigmoid(w*x + b) * w", lambda x, w, b: torch.sigmoid(w * x + b) * w,
-                 {"x": ([0.5], True), "w": ([-2.0], True), "b": ([1.0], True)}),
-        _q5_case(f"h = x * w, then h = h + h * 0.5 ({_CHAIN} times), out = h.sum()", _chain,
-                 {"x": ([0.3, -0.2], True), "w": ([1.5, 0.5], True)}, per_path=True),
-        _q5_case("(x + w).sum() + (x * 3).sum()", lambda x, w: (x + w).sum() + (x * 3).sum(),
-                 {"x": ([1.0, 2.0], True), "w": ([0.5, -1.0], True)}),
-        _q5_case("v1, v2, v3, v4, v5 = words.unbind(); tanh(v1 * v2).sum() + v3.sum()",
-                 lambda words: (lambda v: torch.tanh(v[0] * v[1]).sum() + v[2].sum())(words.unbind()),
-                 {"words": (words, True)}),
-        _q5_case("p1, p2, p3 = a.split(2); (p1 * p3).sum()",
-                 lambda a: (lambda p: (p[0] * p[2]).sum())(a.split(2)), {"a": (rows, True)}),
-    ]
-
-
-def _graph_state(out, leaves, runs):
-    """What a walk did: ask autograd's engine, fill the leaves' .grad, free the saved tensors, or nothing."""
-    filled = any(leaf.grad is not None for leaf in leaves.values())
-    if runs.nodes:
-        return tr("called backward()", "调用了 backward()") if filled else tr(
-            "asked autograd's engine (torch.autograd.grad)", "调用了 autograd 的引擎（torch.autograd.grad）")
-    if filled:
-        return tr("filled the leaves' .grad", "填充了叶子张量的 .grad")
-    for node in graph_nodes(out):
-        for attr in (a for a in dir(node) if a.startswith("_saved_")):
-            try:
-                getattr(node, attr)
-            except RuntimeError:
-                return tr("freed the graph's saved tensors", "释放了计算图保存的张量")
-    return tr("left the graph and the leaves as they were", "没有改动计算图和叶子张量")
-
-
-_PER_PATH_OPS = 1000  # a walk per path runs about 2**13 node calls on the shared-node case; the engine 2 * 26
-
-
-def _observe_q5(fn, case):
-    out, leaves, _, _, per_path = case
-    with engine_runs(out) as runs, counting_ops() as count:  # the engine: whatever name it is called by
-        grads = fn(out)
-    if not isinstance(grads, dict):
-        raise Incorrect(tr(
-            f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}.",
-            spaced("backward_walk(out) 应该返回一个 dict {叶子张量: 梯度}，但它返回的是", kind(grads), "。"),
-        ))
-    yield tr("what your function did to the graph", "你的函数对计算图的影响"), _graph_state(out, leaves, runs)
-    if per_path:
-        yield tr("how often your walk ran each node", "你的遍历运行每个节点的次数"), (
-            tr("once", "一次") if count.ops <= _PER_PATH_OPS else tr("once per path to it", "每条路径一次"))
-    for name, leaf in leaves.items():
-        if leaf not in grads:
-            keys = take(grads.keys(), 3)
-            if keys and all(isinstance(k, torch.Tensor) for k in keys):
-                why = tr("your walk did not reach it. Follow every entry of node.next_functions, down to the AccumulateGrad nodes.",
-                         "你的遍历没有到达它。要沿着 node.next_functions 的每一项，一直走到 AccumulateGrad 节点。")
-            else:
-                found = tr(f"its keys are: {', '.join(map(kind, keys))}.", f"它的键是：{'、'.join(map(kind, keys))}。")
-                found = found if keys else tr("it is empty.", "它是空的。")
-                why = tr(f"its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); {found}",
-                         f"它的键应该是叶子张量本身（AccumulateGrad 节点的 .variable）；{found}")
-            raise Incorrect(tr(f"the dict has no entry for the leaf {name}: {why}", f"这个 dict 中没有叶子张量 {name} 的条目：{why}"))
-        gradient = tr(f"the gradient for {name}", f"{name} 的梯度")
-        yield gradient, as_tensor(grads[leaf], gradient)
-
-
-def _leaves(out):
-    found = {id(n.variable): n.variable for n in graph_nodes(out) if hasattr(n, "variable")}
-    return list(found.values())
-
-
-def _mistake_backward(out):
-    leaves = _leaves(out)
-    _bound_backward(out)
-    return {leaf: leaf.grad for leaf in leaves}
-
-
-def _autograd_grads(out):
-    leaves = _leaves(out)
-    return leaves, _bound_grad(out, leaves)
-
-
-def _visited(out):
-    """Enters each node once (a `visited` set), with the first gradient that reaches it."""
-    grads, seen = {}, set()
-
-    def visit(node, grad):
-        if node is None:
-            return
-        if hasattr(node, "variable"):
-            leaf = node.variable
-            grads[leaf] = grads[leaf] + grad if leaf in grads else grad
-            return
-        if node in seen:
-            return
-        seen.add(node)
-        sent = node(grad)
-        for (next_node, _), g in zip(node.next_functions, (sent,) if isinstance(sent, torch.Tensor) else sent,
-                                     strict=True):
-            visit(next_node, g)
-
-    with torch.no_grad():
-        visit(out.grad_fn, torch.ones_like(out))
     return grads
 
 
@@ -453,26 +318,8 @@ def _cases_q6():
     ]
 
 
-def _observe_q6(fn, case):
-    f, x, u = case[0], case[1].clone().requires_grad_(True), case[2].clone()
-    with counting_ops() as count:
-        out = fn(f, x, u)
-    got = as_tensor(out, "vjp(f, x, u)")
-    m, n = u.numel(), x.numel()
-    if n >= _WIDE_K:  # "without building the Jacobian": no m x n tensor, no backward pass per output
-        whole = count.largest >= m * n or count.ops > 10 * m
-        yield tr(f"whether it computed all {m} x {n} entries of the Jacobian",
-                 f"它是否算出了雅可比矩阵的全部 {m} x {n} 个元素"), whole
-    yield "result", got
-
-
-def _describe_q6(c):
-    x, u = c[1].tolist(), c[2].tolist()
-    if len(x) > 8:
-        return tr(f"for f(x) = {c[0].__doc__} at a random x of {len(x)} entries and u of {len(u)}",
-                  f"对于 f(x) = {c[0].__doc__}，在随机的 x（{len(x)} 个元素）和 u（{len(u)} 个元素）处")
-    return tr(f"for f(x) = {c[0].__doc__} at x = {[round(v, 4) for v in x]}, u = {[round(v, 4) for v in u]}",
-              f"对于 f(x) = {c[0].__doc__}，在 x = {[round(v, 4) for v in x]}、u = {[round(v, 4) for v in u]} 处")
+def _observe_q6(fn, case):  # "without building the Jacobian": u has an entry per output
+    return _observe_product(fn, case, "vjp(f, x, u)", _WIDE_K, ("Jacobian", "雅可比矩阵"))
 
 
 q6 = Exercise(
@@ -480,7 +327,7 @@ q6 = Exercise(
     vjp,
     cases=_cases_q6,
     observe=_observe_q6,
-    describe=_describe_q6,
+    describe=lambda c: _describe_product(c, "u"),
     mistakes=dict(
         no_grad_outputs=variant(vjp, ", grad_outputs=u", ""),
         ones_not_u=variant(vjp, "grad(f(x), x, grad_outputs=u)", "grad(f(x).sum(), x)"),

@@ -88,19 +88,22 @@ def _scale_facts(cls, factor):
     yield tr("the buffers", "缓冲区"), [n for n, _ in m.named_buffers()]
     yield "'factor' in state_dict()", "factor" in m.state_dict()
     yield "forward(x)", out.clone()
-    yield tr("forward(x) leaves the caller's x as it was", "forward(x) 不改动调用者的 x"), torch.equal(x, x_before)
+    yield tr("forward(x) leaves the caller's x as it was",
+             "forward(x) 不改动调用者的 x"), torch.equal(x, x_before)
     try:  # a persistent buffer hidden by an overridden state_dict() is still expected by load_state_dict()
         cls(factor.clone()).load_state_dict(m.state_dict())
         loads = tr("works", "成功")
     except RuntimeError as exc:
         loads = str(exc).strip().splitlines()[-1].strip()
-    yield tr("loading its own state_dict() into a new Scale", "把它自己的 state_dict() 载入一个新的 Scale"), loads
+    yield tr("loading its own state_dict() into a new Scale",
+             "把它自己的 state_dict() 载入一个新的 Scale"), loads
     moved = dict(m.to(torch.float64).named_buffers()).get("factor")
     buffer_dtype = tr("the buffer's dtype after .to(torch.float64)", ".to(torch.float64) 之后缓冲区的 dtype")
     yield buffer_dtype, None if moved is None else str(moved.dtype)
     with torch.no_grad():  # what forward uses must follow the module: an alias of the buffer stays behind
         half = as_tensor(m.half()(x_before.half()), "forward(x)")
-    half_dtype = tr("the output's dtype after .half(), for a float16 x", ".half() 之后，float16 的 x 得到的输出的 dtype")
+    half_dtype = tr("the output's dtype after .half(), for a float16 x",
+                    ".half() 之后，float16 的 x 得到的输出的 dtype")
     yield half_dtype, str(half.dtype)
 
 
@@ -224,7 +227,8 @@ def _pairs(fn, case):
     except (TypeError, ValueError, Incorrect):
         raise Incorrect(tr(
             f"return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {type(out).__name__}.",
-            spaced("请返回一个由 (name, shape) 对组成的列表，例如 [('0', (5, 784)), ...]，而不是", kind(out), "。"),
+            spaced("请返回一个由 (name, shape) 对组成的列表，例如 [('0', (5, 784)), ...]，而不是",
+                   kind(out), "。"),
         )) from None
     on_model = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     return {tr("the (name, shape) pairs", "(name, shape) 对"): pairs,
@@ -322,9 +326,10 @@ def _groups_facts(fn, case):
     for g in groups:
         if not isinstance(g, dict) or "params" not in g:
             raise Incorrect(tr(
-                f"return a list of dicts, each with a 'params' list and its 'weight_decay', not a list holding {kind(g)}.",
-                spaced("请返回一个由 dict 组成的列表，每个 dict 有一个 'params' 列表和它的 'weight_decay'，而不是装着",
-                       kind(g), "的列表。"),
+                "return a list of dicts, each with a 'params' list and its 'weight_decay', not a list "
+                f"holding {kind(g)}.",
+                spaced("请返回一个由 dict 组成的列表，每个 dict 有一个 'params' 列表和它的 "
+                       "'weight_decay'，而不是装着", kind(g), "的列表。"),
             ))
         params = [g["params"]] if isinstance(g["params"], torch.Tensor) else take(g["params"], 100)
         if isinstance(g["params"], Iterator):  # a generator is used up by take(): AdamW gets what it gave
@@ -332,7 +337,8 @@ def _groups_facts(fn, case):
         given.append(g)
         listed += params
         for p in params:
-            decay[names.get(id(p), tr("(not a parameter of the model)", "（不是模型的参数）"))] = g.get("weight_decay")
+            decay[names.get(id(p), tr("(not a parameter of the model)",
+                                      "（不是模型的参数）"))] = g.get("weight_decay")
     yield tr("how many times the groups list each parameter", "各个参数在参数组中出现的次数"), sorted(
         {names.get(id(p), "?"): sum(q is p for q in listed) for p in listed}.items())
     yield tr("the parameters the groups leave out", "参数组漏掉的参数"), sorted(
@@ -359,11 +365,14 @@ q5 = Exercise(
     cases=_groups_cases,
     observe=_groups_facts,
     describe=lambda c: tr(
-        f"for {'TiedTagger()' if isinstance(c[0], TiedTagger) else 'a small CNN with GroupNorm'} and weight_decay={c[1]}",
-        f"对于 {'TiedTagger()' if isinstance(c[0], TiedTagger) else '一个带 GroupNorm 的小 CNN'}、weight_decay={c[1]}",
+        f"for {'TiedTagger()' if isinstance(c[0], TiedTagger) else 'a small CNN with GroupNorm'} and "
+        f"weight_decay={c[1]}",
+        f"对于 {'TiedTagger()' if isinstance(c[0], TiedTagger) else '一个带 GroupNorm 的小 CNN'}"
+        f"、weight_decay={c[1]}",
     ),
     mistakes=dict(
-        tied_twice=variant(param_groups, "for p in model.parameters():", "for _, p in model.named_parameters(remove_duplicate=False):"),
+        tied_twice=variant(param_groups, "for p in model.parameters():",
+                           "for _, p in model.named_parameters(remove_duplicate=False):"),
         norm_decayed=_by_name,
         all_decayed=variant(param_groups, '"weight_decay": 0.0}', '"weight_decay": weight_decay}'),
         swapped=variant(param_groups, "if p.ndim >= 2:", "if p.ndim < 2:"),

@@ -38,7 +38,8 @@ def _files():
 def _item(pair: Any, i: int) -> tuple:
     if not isinstance(pair, tuple | list) or len(pair) != 2:
         raise Incorrect(tr(
-            f"`dataset[{i}]` should return a pair `(image, label)`, but it returns {kind(pair)}. Without the label the DataLoader has nothing to train against.",
+            f"`dataset[{i}]` should return a pair `(image, label)`, but it returns {kind(pair)}. Without the label the "
+            "DataLoader has nothing to train against.",
             spaced(f"`dataset[{i}]` 应该返回一个二元组 `(image, label)`，但它返回的是", kind(pair),
                    "。没有标签，DataLoader 就没有可以用来训练的目标。"),
         ))
@@ -131,7 +132,8 @@ def _collate_facts(fn, batch):
     padded = as_tensor(padded, "`padded`")
     yield "padded", padded
     if padded.dtype in (torch.int64, torch.int32):  # the index dtypes nn.Embedding accepts
-        dtype = tr("int64 or int32 (token ids an nn.Embedding accepts)", "int64 或 int32（nn.Embedding 接受的 token id）")
+        dtype = tr("int64 or int32 (token ids an nn.Embedding accepts)",
+                   "int64 或 int32（nn.Embedding 接受的 token id）")
     else:
         dtype = tr("floating point", "浮点") if padded.is_floating_point() else str(padded.dtype)
     yield tr("the dtype of padded", "padded 的 dtype"), dtype
@@ -144,7 +146,8 @@ q2 = Exercise(
     collate,
     cases=_batches,
     observe=_collate_facts,
-    describe=lambda b: tr(f"for the batch {[(s.tolist(), y) for s, y in b]}", f"对于批次 {[(s.tolist(), y) for s, y in b]}"),
+    describe=lambda b: tr(f"for the batch {[(s.tolist(), y) for s, y in b]}",
+                          f"对于批次 {[(s.tolist(), y) for s, y in b]}"),
     mistakes=dict(
         no_lengths=lambda batch: collate(batch)[::2],
         float_ids=_zeros_then_filled,
@@ -191,7 +194,8 @@ q3 = Exercise(
     form=IterableDataset,
     cases=lambda: [(10, 0), (10, 2), (10, 3), (11, 4), (3, 4)],
     observe=lambda cls, c: {
-        tr("the items delivered (sorted)", "产出的数据项（排序后）"): sorted(_as_workers(cls(c[0]), c[1], limit=c[0] + 1))
+        tr("the items delivered (sorted)",
+           "产出的数据项（排序后）"): sorted(_as_workers(cls(c[0]), c[1], limit=c[0] + 1))
     },
     describe=lambda c: tr(f"for n={c[0]} with num_workers={c[1]}", f"当 n={c[0]}、num_workers={c[1]} 时"),
     mistakes=dict(
@@ -351,7 +355,8 @@ class Numbered(Dataset):
 
 def _items(part: Any, what: str) -> list[int]:
     n = as_number(len(part), f"len({what})", whole=True)
-    return [as_number(part[i], tr(f"an item of {what}", f"{what} 中的一项"), whole=True) for i in range(min(n, 1000))]
+    return [as_number(part[i], tr(f"an item of {what}",
+                                  f"{what} 中的一项"), whole=True) for i in range(min(n, 1000))]
 
 
 _GLOBAL = (  # the global generators a split could draw from or reseed: (name, get state, set state, seed)
@@ -399,14 +404,17 @@ def _split_facts(fn, case):
         parts = take(out, 3)
         if len(parts) != 2:
             raise Incorrect(tr(f"train_val_split should return two datasets (train, val), not {kind(out)}.",
-                               spaced("train_val_split 应该返回两个数据集 (train, val)，而不是", kind(out), "。")))
+                               spaced("train_val_split 应该返回两个数据集 (train, val)，而不是",
+                                      kind(out), "。")))
         if start == 0:
             train, val = _items(parts[0], "train"), _items(parts[1], "val")
         else:
             vals.append(_items(parts[1], "val"))
     yield tr("the sizes (train, val)", "(train, val) 的大小"), (len(train), len(val))
-    yield tr("every item once, in train or in val", "每一项恰好出现一次，不在 train 就在 val"), sorted(train + val) == list(range(n))
-    yield tr("the global random streams (torch, random, numpy)", "全局随机数流（torch、random、numpy）"), _streams(before, after)
+    yield tr("every item once, in train or in val",
+             "每一项恰好出现一次，不在 train 就在 val"), sorted(train + val) == list(range(n))
+    yield tr("the global random streams (torch, random, numpy)",
+             "全局随机数流（torch、random、numpy）"), _streams(before, after)
     yield tr("val is simply the last items", "val 只是最后那几项"), val == list(range(n - len(val), n))
     yield tr("the same seed gives the same split", "同一个种子得到同样的划分"), vals == [val]
     other = [_items(p, "val") for p in take(fn(Numbered(n), fraction, 8), 3)[1:2]]
@@ -427,7 +435,8 @@ q6 = Exercise(
             torch.utils.data.Subset(dataset, range(len(dataset) - int(len(dataset) * val_fraction), len(dataset)))),
         seed_ignored=variant(train_val_split, "manual_seed(seed)", "manual_seed(0)"),
         reseeded=variant(train_val_split, "g = torch.Generator().manual_seed(seed)  # its own generator: the global",
-                         "torch.manual_seed(seed)  # the global generator, reseeded: the global", ", generator=g)", ")"),
+                         "torch.manual_seed(seed)  # the global generator, reseeded: the global",
+                         ", generator=g)", ")"),
         rounded=variant(train_val_split, "int(len(dataset) * val_fraction)", "round(len(dataset) * val_fraction)"),
         swapped=lambda dataset, val_fraction, seed: train_val_split(dataset, val_fraction, seed)[::-1],
     ),

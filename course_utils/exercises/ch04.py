@@ -189,7 +189,8 @@ def _launch(answers, timeout):
                 f"{last.strip()[:300] or type(exc).__name__}). Every rank must make the same collective calls, "
                 "in the same order, and finish.",
                 f"你的函数让某个 rank 在 3 个真实进程上失败或卡住了（时限 {timeout:g} 秒；"
-                f"{last.strip()[:300] or type(exc).__name__}）。每个 rank 都必须以相同的顺序做相同的集合通信调用，并且能够结束。",
+                f"{last.strip()[:300] or type(exc).__name__}）。每个 rank "
+                "都必须以相同的顺序做相同的集合通信调用，并且能够结束。",
             )}
             for fn in answers:
                 _ON_RANKS[_key(fn)] = failed
@@ -222,7 +223,8 @@ def _two_step_facts(fn, world):
         raise Incorrect(tr(
             f"pass a function written with def whose code runs alone on each rank, with only `torch` and `dist`"
             f"{f' (yours uses names from the function around it: {free})' if free else ''}.",
-            f"请传入一个用 def 定义的函数，它的代码要能在每个 rank 上单独运行，只用到 `torch` 和 `dist`"
+            "请传入一个用 def 定义的函数，它的代码要能在每个 rank 上单独运行，只用到 "
+            "`torch` 和 `dist`"
             f"{f'（你的函数用到了外层函数中的名字：{free}）' if free else ''}。",
         ))
     if _key(fn) not in _ON_RANKS:
@@ -241,12 +243,14 @@ def _two_step_facts(fn, world):
             where = tr(f" (line {line}: `{code}`)", f"（第 {line} 行：`{code}`）") if code else ""
             raise Incorrect(tr(
                 f"on {world} ranks, your function raised {kind}: {' '.join(text)} on rank {rank}{where}.",
-                f"在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: {' '.join(text)}{where}。",
+                f"在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: "
+                f"{' '.join(text)}{where}。",
             ))
         bad = next((x for x in rec["returned"] if isinstance(x, str)), None)
         if bad is not None:
             raise Incorrect(tr(f"on {world} ranks, rank {rank} returned {bad}, not the tensor of sums.",
-                               f"在 {world} 个 rank 上，rank {rank} 返回的是 {bad}，而不是求和后的张量。"))
+                               f"在 {world} 个 rank 上，rank {rank} 返回的是 "
+                               f"{bad}，而不是求和后的张量。"))
     for k, text in enumerate(_CASE_TEXT):
         yield (tr(f"what ranks 0..{world - 1} return for {text}", f"对于 {text}，rank 0..{world - 1} 的返回值"),
                [rec["returned"][k] for rec in found])
@@ -254,14 +258,17 @@ def _two_step_facts(fn, world):
     yield (tr("the collectives it calls that do the job in one go (all_reduce, reduce, broadcast)",
               "它调用的一步到位的集合通信（all_reduce、reduce、broadcast）"),
            sorted(calls & {"all_reduce", "reduce", "broadcast"}))
-    yield (tr("whether it calls reduce_scatter (or reduce_scatter_tensor)", "它是否调用了 reduce_scatter（或 reduce_scatter_tensor）"),
+    yield (tr("whether it calls reduce_scatter (or reduce_scatter_tensor)",
+              "它是否调用了 reduce_scatter（或 reduce_scatter_tensor）"),
            bool(calls & {"reduce_scatter", "reduce_scatter_tensor"}))
-    yield (tr("whether it calls all_gather (or all_gather_into_tensor)", "它是否调用了 all_gather（或 all_gather_into_tensor）"),
+    yield (tr("whether it calls all_gather (or all_gather_into_tensor)",
+              "它是否调用了 all_gather（或 all_gather_into_tensor）"),
            bool(calls & {"all_gather", "all_gather_into_tensor"}))
     # An all_gather of the whole tensor, summed on each rank, returns the sums too (with a reduce_scatter
     # called for show): what each rank sends to all_gather tells them apart, the reduced chunk, 1/world of t.
     yield (tr("the elements rank 0 sends to all_gather, out of t's, for each tensor above",
-              "rank 0 交给 all_gather 的元素个数（占 t 的元素个数），依次对应上面的每个张量"),
+              "rank 0 交给 all_gather 的元素个数（占 t "
+              "的元素个数），依次对应上面的每个张量"),
            found[0].get("sent"))
 
 q2 = OnRanks(
@@ -303,7 +310,8 @@ q3 = Exercise(
     observe=_orders,
     describe=lambda c: tr(
         f"for a sampler over {c[0]} items, rank {c[2]} of {c[1]}, and epochs={c[3]}",
-        f"对于一个覆盖 {c[0]} 个数据项的采样器，在 {c[1]} 个 rank 中的 rank {c[2]} 上，epochs={c[3]} 时",
+        f"对于一个覆盖 {c[0]} 个数据项的采样器，在 {c[1]} 个 rank 中的 rank {c[2]} "
+        f"上，epochs={c[3]} 时",
     ),
     mistakes=dict(
         no_set_epoch=variant(epoch_orders, "sampler.set_epoch(epoch)", "pass"),

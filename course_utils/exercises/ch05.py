@@ -43,7 +43,8 @@ q1 = Exercise(
     global_accuracy,
     cases=lambda: _SHARDS,
     observe=lambda fn, s: numbers_on_ranks(fn, s, _rank_args),
-    describe=lambda s: tr(f"for (correct, total) = {s} on {len(s)} ranks", f"当 {len(s)} 个 rank 上的 (correct, total) = {s} 时"),
+    describe=lambda s: tr(f"for (correct, total) = {s} on {len(s)} ranks",
+                          f"当 {len(s)} 个 rank 上的 (correct, total) = {s} 时"),
     mistakes=dict(
         mean_of_accuracies=variant(
             global_accuracy, "[correct, total]", "[correct / total, total / total]"
@@ -101,8 +102,10 @@ def _resume_facts(fn, case):
             f"the loop `for epoch in range(start, epochs)` cannot start from what you return ({kind(start)}): "
             "range() needs a whole number of type int (a float like 3.0 raises TypeError). Return ckpt['epoch'] "
             "as it is.",
-            spaced("循环 `for epoch in range(start, epochs)` 无法从你返回的值（", kind(start), "）开始：range() "
-                   "需要一个 int 类型的整数（像 3.0 这样的浮点数会引发 TypeError）。请原样返回 ckpt['epoch']。"),
+            spaced("循环 `for epoch in range(start, epochs)` 无法从你返回的值（", kind(start),
+                   "）开始：range() "
+                   "需要一个 int 类型的整数（像 3.0 这样的浮点数会引发 TypeError）。"
+                   "请原样返回 ckpt['epoch']。"),
         ))
     yield tr("the start epoch", "起始 epoch"), resumed_epochs.start
     for epoch in resumed_epochs:
@@ -135,7 +138,8 @@ def _shard_facts(fn, case):
     n, world = case
     shards = [as_ints(fn(n, r, world), f"eval_shard({n}, {r}, {world})") for r in range(world)]
     seen = Counter(i for s in shards for i in s)
-    yield tr("the indices on more than one rank", "出现在多个 rank 上的索引"), sorted(i for i, c in seen.items() if c > 1)[:10]
+    yield tr("the indices on more than one rank",
+             "出现在多个 rank 上的索引"), sorted(i for i, c in seen.items() if c > 1)[:10]
     yield tr("the indices on no rank", "不在任何 rank 上的索引"), sorted(set(range(n)) - set(seen))[:10]
     yield tr("the indices outside range(n)", "超出 range(n) 的索引"), sorted(set(seen) - set(range(n)))[:10]
     spread = tr("the largest shard size minus the smallest", "最大分片与最小分片的大小之差")
@@ -223,7 +227,8 @@ def _opens_for_writing(event, args):
 
 def _audit(event, args):
     plan = getattr(_watch, "plan", None)
-    if plan is None or plan["busy"] or event not in _CHANGES or (event == "open" and not _opens_for_writing(event, args)):
+    if (plan is None or plan["busy"] or event not in _CHANGES
+            or (event == "open" and not _opens_for_writing(event, args))):
         return
     plan["busy"] = True
     try:
@@ -270,7 +275,8 @@ def _save_with_crash(fn, obj, arg, path, crash_at=0, after=False):
     reached = False
     _watch.plan = plan
     try:
-        with mock.patch.object(serialization, "_open_zipfile_writer", _watched_writer(serialization._open_zipfile_writer)):
+        with mock.patch.object(serialization, "_open_zipfile_writer",
+                               _watched_writer(serialization._open_zipfile_writer)):
             fn(obj, arg)
     except _Crash:
         reached = True
@@ -302,7 +308,8 @@ def _save_facts(fn, case):
         path.parent.mkdir()
         arg = str(path) if as_text else path
         fn({"epoch": 1, "w": torch.ones(500)}, arg)
-        yield tr("after a save, the file at `path` holds epoch", "保存之后，`path` 处的文件存的 epoch"), _held(path)
+        yield tr("after a save, the file at `path` holds epoch",
+                 "保存之后，`path` 处的文件存的 epoch"), _held(path)
         path = fresh("clean")
         steps, held, _, outside = _save_with_crash(fn, {"epoch": 2, "w": torch.zeros(500)},
                                                    str(path) if as_text else path, path)
@@ -318,11 +325,15 @@ def _save_facts(fn, case):
             fn({"epoch": 3, "w": torch.ones(500)}, arg)  # the run goes on: its next save must work
             next_ok &= _held(path) == 3
         yield (tr("what the file at `path` holds at a crash, at any point of the next save, when that is not a "
-                  "whole checkpoint", "在下一次保存的任意时刻崩溃时，`path` 处的文件（若不是完整的检查点）"),
+                  "whole checkpoint",
+                  "在下一次保存的任意时刻崩溃时，`path` 处的文件（若不是完整的检查点）"),
                sorted(map(str, lost)))
-        yield tr("every crash reached the caller (an OSError)", "“每次崩溃（OSError）都传到了调用方”"), reached_all
-        yield tr("the files it writes are in the checkpoint's folder", "“它写入的文件都在检查点所在的文件夹中”"), not outside
-        yield tr("after each crash, the next save holds epoch 3", "“每次崩溃之后，下一次保存都存下了 epoch 3”"), next_ok
+        yield tr("every crash reached the caller (an OSError)",
+                 "“每次崩溃（OSError）都传到了调用方”"), reached_all
+        yield tr("the files it writes are in the checkpoint's folder",
+                 "“它写入的文件都在检查点所在的文件夹中”"), not outside
+        yield tr("after each crash, the next save holds epoch 3",
+                 "“每次崩溃之后，下一次保存都存下了 epoch 3”"), next_ok
 
 
 q4 = Exercise(

@@ -83,7 +83,8 @@ def _accumulate_facts(fn, case):
 
     for _ in range(2):  # two accumulation steps in a row, as in a training loop
         fn(model, opt, [micro_batch() for _ in range(k)])
-    return {tr("the weights after two calls", "调用两次之后的权重"): [p.detach().clone() for p in model.parameters()]}
+    return {tr("the weights after two calls",
+               "调用两次之后的权重"): [p.detach().clone() for p in model.parameters()]}
 
 
 def _step_each(model, optimizer, micro_batches):
@@ -148,7 +149,8 @@ def _evaluate_facts(fn, case):
     accuracy = tr("the accuracy", "准确率")
     yield accuracy, as_number(result, accuracy)
     yield tr("autograd recorded the forward pass", "“autograd 记录了前向传播”"), any(grad_seen)
-    yield tr("the model is back in the mode it was in", "“模型已回到调用前的模式”"), model.training == training
+    yield tr("the model is back in the mode it was in",
+             "“模型已回到调用前的模式”"), model.training == training
     yield tr("grad mode is as it was before the call", "“梯度模式与调用前相同”"), grad_after == grad
 
 
@@ -160,7 +162,8 @@ q3 = Exercise(
     describe=lambda c: tr(
         f"for the model and data of seed {c[0]}, the model in {'train' if c[1] else 'eval'} mode and grad mode "
         f"{'on' if c[2] else 'off'} when evaluate is called",
-        f"对于种子为 {c[0]} 的模型和数据，调用 evaluate 时模型处于{'训练' if c[1] else '评估'}模式、梯度模式"
+        f"对于种子为 {c[0]} 的模型和数据，调用 evaluate "
+        f"时模型处于{'训练' if c[1] else '评估'}模式、梯度模式"
         f"{'开启' if c[2] else '关闭'}",
     ),
     mistakes=dict(
@@ -189,7 +192,8 @@ def _loader_facts(fn, case):
             loader = fn(list(range(n)), rank, world, epoch)
             if not isinstance(loader, DataLoader):
                 raise Incorrect(tr(f"make_loader should return a DataLoader, not {kind(loader)}.",
-                                   spaced("make_loader 应该返回一个 DataLoader，而不是", kind(loader), "。")))
+                                   spaced("make_loader 应该返回一个 DataLoader，而不是",
+                                          kind(loader), "。")))
             batches = [torch.as_tensor(b).reshape(-1) for b in take(loader, n + 1)]
             sizes += [len(b) for b in batches]
             row.append([as_number(v, whole=True) for b in batches for v in b])
@@ -197,9 +201,11 @@ def _loader_facts(fn, case):
     yield tr("the batch sizes", "批次大小"), sorted(set(sizes))
     visits = [Counter(i for r in row for i in set(r)) for row in orders]
     several = [sorted(i for i, c in v.items() if c > 1)[:10] for v in visits]
-    yield tr("for each epoch, the samples that several ranks visit", "每个 epoch 中被多个 rank 访问的样本"), several
+    yield tr("for each epoch, the samples that several ranks visit",
+             "每个 epoch 中被多个 rank 访问的样本"), several
     once = [sorted(i for r in row for i in r) == list(range(n)) for row in orders]
-    yield tr("for each epoch, every sample is visited once", "每个 epoch 是否每个样本都恰好被访问一次"), once
+    yield tr("for each epoch, every sample is visited once",
+             "每个 epoch 是否每个样本都恰好被访问一次"), once
     same = [orders[e] == orders[e - 1] for e in range(1, epochs)]
     after_first = tr("for each epoch after the first, the order is the one of the epoch before",
                      "第一个之后的每个 epoch 的顺序是否与前一个 epoch 相同")
@@ -268,9 +274,11 @@ SCENARIOS = {  # name: (the collectives every rank makes, each rank's tail)
     "eval": ([("broadcast", "f", 128), ("broadcast", "l", 1), ("all_reduce", "f", 51018)] * 4,
              [[("broadcast", "f", 128), ("broadcast", "l", 1)], [("barrier",)]]),
     "sizes": ([("all_reduce", "f", 16)] * 5, [[("all_reduce", "f", 16)], [("all_reduce", "f", 15)]]),
-    "ring": ([("all_reduce", "f", 1), ("broadcast", "f", 1)] * 115, [[("broadcast", "f", 8), ("broadcast", "f", 8)], [("barrier",)]]),
+    "ring": ([("all_reduce", "f", 1), ("broadcast", "f", 1)] * 115,
+             [[("broadcast", "f", 8), ("broadcast", "f", 8)], [("barrier",)]]),
     "ahead": ([("all_reduce", "f", 2)] * 6, [[("all_reduce", "f", 2)], []]),
-    "dtype": ([("all_gather", "f", 2)] * 3, [[("broadcast", "f", 4)], [("broadcast", "f", 4)], [("broadcast", "l", 4)]]),
+    "dtype": ([("all_gather", "f", 2)] * 3,
+              [[("broadcast", "f", 4)], [("broadcast", "f", 4)], [("broadcast", "l", 4)]]),
     "agree": ([("all_reduce", "f", 3), ("all_gather", "l", 2)] * 3, [[("all_reduce", "f", 3)]] * 3),
 }
 
@@ -300,7 +308,8 @@ Path(sys.argv[2], f"rank{ctx.rank}.json").write_text(json.dumps(entries))
 sys.stdout.flush()
 os._exit(0)  # at once: the ranks' tails may never match
 """
-_FR_CASES = (("eval", 2, "rank 0 evaluates through the DDP wrapper after the last epoch, rank 1 goes to the final barrier"),
+_FR_CASES = (("eval", 2, "rank 0 evaluates through the DDP wrapper after the last epoch, "
+                         "rank 1 goes to the final barrier"),
              ("sizes", 2, "the ranks all-reduce tensors of different sizes"),
              ("ring", 2, "a long job: each rank's record holds only its last 200 collectives"),
              ("ahead", 2, "rank 0 makes one collective more than rank 1"),
@@ -328,7 +337,8 @@ def _flight_records():
                     if attempt == 2:
                         raise Incorrect(tr(f"the check could not run the job whose records it needs ({exc}); "
                                            "check again.",
-                                           f"检查程序无法运行它所需记录的那个作业（{exc}）；请再检查一次。")) from None
+                                           f"检查程序无法运行它所需记录的那个作业（{exc}）；"
+                                           "请再检查一次。")) from None
             found.append({r: json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)})
     return tuple(found)
 

@@ -51,6 +51,11 @@ def _ranks_said(script: str, stem: str, answer: Any, others: list[Any], wrap=lam
     return _RESULTS[(script, json.dumps(answer, sort_keys=True))]
 
 
+def _on_ranks(name: str, answer, observe, mistakes: dict) -> Exercise:
+    """An exercise whose answer (a value) is run by the ranks of a script: its check has the time of a job."""
+    return Exercise(name, answer, form="value", observe=observe, mistakes=mistakes, extra_time_s=LAUNCH_TIMEOUT_S)
+
+
 # ----------------------------------------------------------------------------- Q1: a TP plan
 
 
@@ -92,7 +97,8 @@ def _observe_q1(answer, _):
         spec = plan_to_spec(answer)
     except ValueError as exc:
         raise Incorrect(tr(f"{exc}. Write the plan as a dict such as {{'q': ColwiseParallel(), ...}}.",
-                           f"{exc}。请把计划写成一个字典，例如 {{'q': ColwiseParallel(), ...}}。")) from None
+                           f"{exc}。请把计划写成一个字典，"
+                           "例如 {'q': ColwiseParallel(), ...}。")) from None
     others = [plan_to_spec(answer_q1())] + [plan_to_spec(m) for m in _q1_mistakes().values()]
     res = _ranks_said("tensor_parallel.py", "tp_plans", spec, others)
     yield tr("the error on the ranks", "各 rank 上的报错"), res.get("error", tr("none", "无"))
@@ -105,14 +111,7 @@ def _observe_q1(answer, _):
     yield tr("all-reduces in one forward", "一次前向中的 all-reduce 次数"), res["forward"].get("all_reduce", 0)
 
 
-q1 = Exercise(
-    "Q1",
-    answer_q1,
-    form="value",
-    observe=_observe_q1,
-    mistakes=_q1_mistakes(),
-    extra_time_s=LAUNCH_TIMEOUT_S,
-)
+q1 = _on_ranks("Q1", answer_q1, _observe_q1, _q1_mistakes())
 
 
 # ----------------------------------------------------------------------------- Q2: the bubble
@@ -128,7 +127,8 @@ q2 = Exercise(
     bubble,
     cases=lambda: _Q2_CASES,
     observe=lambda fn, c: as_number(fn(*c), tr("the bubble fraction", "气泡比例")),
-    describe=lambda c: tr(f"for {c[0]} stages and {c[1]} micro-batches", f"当有 {c[0]} 个阶段、{c[1]} 个微批次时"),
+    describe=lambda c: tr(f"for {c[0]} stages and {c[1]} micro-batches",
+                          f"当有 {c[0]} 个阶段、{c[1]} 个微批次时"),
     mistakes=dict(
         per_microbatch=variant(bubble, "(microbatches + stages - 1)", "microbatches"),
         all_stages_wait=variant(bubble, "(stages - 1) /", "stages /"),
@@ -160,7 +160,9 @@ def _as_plan(answer) -> list:
     ranks = take(answer, Q3_WORLD + 1)
     if len(ranks) != Q3_WORLD:
         raise Incorrect(tr(f"{what} should have one list of batches for each of the {Q3_WORLD} ranks, "
-                           f"not {len(ranks)}.", f"{what}应当为 {Q3_WORLD} 个 rank 各给出一个批次列表，而不是 {len(ranks)} 个。"))
+                           f"not {len(ranks)}.",
+                           f"{what}应当为 {Q3_WORLD} 个 rank 各给出一个批次列表，"
+                           f"而不是 {len(ranks)} 个。"))
     plan = []
     for r, rank in enumerate(ranks):
         batches = take(rank, len(Q3_LENGTHS) + 1)
@@ -169,7 +171,8 @@ def _as_plan(answer) -> list:
         if shape != [Q3_BATCH] * Q3_STEPS:
             raise Incorrect(tr(f"rank {r} should read {Q3_STEPS} batches of {Q3_BATCH} samples each; its batches "
                                f"have {shape} samples.",
-                               f"rank {r} 应当读取 {Q3_STEPS} 个批次，每批 {Q3_BATCH} 个样本；它的批次分别有 {shape} 个样本。"))
+                               f"rank {r} 应当读取 {Q3_STEPS} 个批次，每批 {Q3_BATCH} 个样本；"
+                               f"它的批次分别有 {shape} 个样本。"))
     if any(not 0 <= i < len(Q3_LENGTHS) for rank in plan for b in rank for i in b):
         raise Incorrect(tr(f"every index must be a sample of Q3_LENGTHS: 0 to {len(Q3_LENGTHS) - 1}.",
                            f"每个索引都必须是 Q3_LENGTHS 中的样本：0 到 {len(Q3_LENGTHS) - 1}。"))
@@ -185,10 +188,12 @@ def _observe_q3(answer, _):
     if "error" in res:
         return
     read = sorted(i for rank in res["indices"] for i in rank)
-    yield tr("every sample read exactly once", "每个样本恰好被读取一次"), read == list(range(len(Q3_LENGTHS)))
+    yield tr("every sample read exactly once",
+             "每个样本恰好被读取一次"), read == list(range(len(Q3_LENGTHS)))
     steps = list(zip(*res["tokens"], strict=True))
     ratio = sum(max(s) for s in steps) / sum(sum(s) / len(s) for s in steps)
-    balanced = tr("yes", "是") if ratio <= 1.05 else tr(f"no: {ratio:.2f} times the mean", f"否：是平均值的 {ratio:.2f} 倍")
+    balanced = (tr("yes", "是") if ratio <= 1.05
+                else tr(f"no: {ratio:.2f} times the mean", f"否：是平均值的 {ratio:.2f} 倍"))
     yield tr("balanced (the busiest rank's tokens, summed over the steps, at most 1.05 times the mean's)",
              "是否均衡（各步中最忙 rank 的 token 数之和不超过平均值的 1.05 倍）"), balanced
 
@@ -202,14 +207,7 @@ def _q3_mistakes() -> dict:
     )
 
 
-q3 = Exercise(
-    "Q3",
-    answer_q3,
-    form="value",
-    observe=_observe_q3,
-    mistakes=_q3_mistakes(),
-    extra_time_s=LAUNCH_TIMEOUT_S,
-)
+q3 = _on_ranks("Q3", answer_q3, _observe_q3, _q3_mistakes())
 
 
 # ----------------------------------------------------------------------------- Q4: the ring's bytes
@@ -225,7 +223,8 @@ q4 = Exercise(
     ring_bytes,
     cases=lambda: _Q4_CASES,
     observe=lambda fn, c: as_number(fn(*c), tr("the bytes", "字节数")),
-    describe=lambda c: tr(f"for a tensor of {c[0]:,} bytes on {c[1]} ranks", f"当张量为 {c[0]:,} 字节、有 {c[1]} 个 rank 时"),
+    describe=lambda c: tr(f"for a tensor of {c[0]:,} bytes on {c[1]} ranks",
+                          f"当张量为 {c[0]:,} 字节、有 {c[1]} 个 rank 时"),
     mistakes=dict(
         reduce_scatter_only=variant(ring_bytes, "2 * (world_size - 1)", "(world_size - 1)"),
         whole_tensor_each_step=variant(ring_bytes, " / world_size * nbytes", " * nbytes"),

@@ -55,8 +55,10 @@ __all__ = [
 TIME_LIMIT_S = 5.0  # the longest a check may take, learner's code included
 _CHECK_FAILED = ("the check itself failed ({}), not your answer: restart the kernel (Kernel > Restart), "
                  "run the cells again, then check again. If it fails again after a restart, please report it.",
-                 "检查程序本身出错了（{}），不是你的答案的问题：请重启内核（Kernel > Restart），"
-                 "重新运行各个单元格，然后再检查。如果重启后仍然出错，请报告这个问题。")
+                 "检查程序本身出错了（{}），不是你的答案的问题："
+                 "请重启内核（Kernel > Restart），"
+                 "重新运行各个单元格，然后再检查。"
+                 "如果重启后仍然出错，请报告这个问题。")
 _PLACEHOLDER = ("replace the `...` placeholder with your answer, then run this cell again.",
                 "请把占位符 `...` 换成你的答案，然后重新运行这个单元格。")
 
@@ -174,7 +176,8 @@ class Exercise(ExerciseView):
             return "incorrect", tr(
                 f"your code did not finish within {limit:g} seconds (an endless loop, a "
                 "sleep, or an endless iterator?). Make it finish, then check again.",
-                f"你的代码没有在 {limit:g} 秒内结束（无限循环、sleep，还是无尽的迭代器？）。"
+                f"你的代码没有在 {limit:g} "
+                "秒内结束（无限循环、sleep，还是无尽的迭代器？）。"
                 "让它能够结束，然后再检查。",
             )
         except _CheckFailed as exc:
@@ -183,7 +186,8 @@ class Exercise(ExerciseView):
             if learners_frame(exc) is not None:
                 return "incorrect", explain_exception(exc)
             said = f"{type(exc).__name__}: {text_of(exc)}"
-            return "check_failed", tr(*_CHECK_FAILED).format(said if len(said) <= MAX_SAID else said[:MAX_SAID] + " ...")
+            shortened = said if len(said) <= MAX_SAID else said[:MAX_SAID] + " ..."
+            return "check_failed", tr(*_CHECK_FAILED).format(shortened)
 
     def reference(self) -> Any:
         """A correct answer, as a learner would pass it."""
@@ -202,7 +206,8 @@ class Exercise(ExerciseView):
                                spaced(f"请传入函数本身，{call}（不要调用它），而不是", it, "。")))
         if isinstance(base, type) and not (isinstance(answer, type) and issubclass(answer, base)):
             why = tr(f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}.",
-                     spaced(f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；这里传入的是", it, "。"))
+                     spaced(f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；"
+                            "这里传入的是", it, "。"))
             raise Incorrect(why)
         # only the learner's code counts against the limit
         budget, tol = TIME_LIMIT_S + self.extra_time_s, self.tol

@@ -20,7 +20,8 @@ _STYLE = {
     "not_attempted": ("Not attempted yet", "#6b5900", "#fff8e1"),
     "check_failed": ("The check failed", "#4a4a4a", "#f0f0f0"),  # the checker's fault: not recorded
 }
-_LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答", "check_failed": "检查出错"}
+_LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答",
+             "check_failed": "检查出错"}
 _TITLE_ZH = {"Practice": "练习"}  # an exercise's name as the Chinese edition shows it (Q1... stay)
 
 

@@ -62,7 +62,8 @@ def as_number(x: Any, what: str | None = None, whole: bool = False) -> float | i
     if isinstance(x, bool) or not isinstance(x, int | float):
         adjective = "whole " if whole else ""
         raise Incorrect(tr(f"{what} should be a {adjective}number, but it is {kind(x)}.",
-                           spaced(what, "应该是一个整数" if whole else "应该是一个数", "，但它是", kind(x), "。")))
+                           spaced(what, "应该是一个整数" if whole else "应该是一个数", "，但它是",
+                                  kind(x), "。")))
     if whole and isinstance(x, float) and not x.is_integer():
         raise Incorrect(tr(f"{what} should be a whole number, but it is {x!r}.",
                            spaced(what, "应该是一个整数，但它是", repr(x), "。")))
@@ -93,7 +94,8 @@ def take(x: Any, n: int = MAX_ITEMS + 1) -> list[Any]:
 
 
 _TO_TENSOR = {
-    "ndarray": (" `torch.from_numpy(a)` turns a numpy array into one.", "`torch.from_numpy(a)` 可以把 numpy 数组变成张量。"),
+    "ndarray": (" `torch.from_numpy(a)` turns a numpy array into one.",
+                "`torch.from_numpy(a)` 可以把 numpy 数组变成张量。"),
     "list": (" `torch.tensor(...)` turns a list into one.", "`torch.tensor(...)` 可以把列表变成张量。"),
 }
 

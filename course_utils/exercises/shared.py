@@ -71,10 +71,13 @@ def numbers_on_ranks(fn: Callable[..., Any], shards: Sequence[tuple], args: Call
         raise real[0]
     if errors or len(set(world.calls)) > 1:
         raise Incorrect(tr(
-            f"the ranks called all_reduce a different number of times ({world.calls}): in a real job the ranks that call it wait forever for the others. Every rank must make the same calls.",
-            f"各个 rank 调用 all_reduce 的次数不同（{world.calls}）：在真实的任务中，调用了它的 rank 会一直等待其他 rank。每个 rank 都必须做相同的调用。",
+            f"the ranks called all_reduce a different number of times ({world.calls}): in a real job the ranks that "
+            "call it wait forever for the others. Every rank must make the same calls.",
+            f"各个 rank 调用 all_reduce 的次数不同（{world.calls}）：在真实的任务中，"
+            "调用了它的 rank 会一直等待其他 rank。每个 rank 都必须做相同的调用。",
         ))
-    returned = [as_number(t.outcome[1], tr(f"what rank {r} returns", f"rank {r} 的返回值")) for r, t in enumerate(threads)]
+    returned = [as_number(t.outcome[1], tr(f"what rank {r} returns",
+                                           f"rank {r} 的返回值")) for r, t in enumerate(threads)]
     return {tr("what the ranks return", "各个 rank 的返回值"): returned}
 
 
@@ -129,14 +132,17 @@ def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[
         raise Incorrect(tr(f"calling your class should give an nn.Module, but it gave {name}.",
                            f"调用你的类应该得到一个 nn.Module，但得到的是 {name}。"))
     params = list(model.parameters())
-    yield tr("the number of parameters that parameters() finds", "parameters() 找到的参数个数"), sum(p.numel() for p in params)
-    yield tr("the parameter shapes (sorted)", "各个参数的形状（排序后）"), sorted(tuple(p.shape) for p in params)
+    yield tr("the number of parameters that parameters() finds",
+             "parameters() 找到的参数个数"), sum(p.numel() for p in params)
+    yield tr("the parameter shapes (sorted)",
+             "各个参数的形状（排序后）"), sorted(tuple(p.shape) for p in params)
     with torch.no_grad():
         for p, r in zip(_by_role(model, x), _by_role(ref, x), strict=True):
             p.copy_(r)
         model.eval()
         out = as_tensor(model(x.clone()), tr("the output", "输出"))
-        yield tr("the model's output (with the reference's weights)", "模型的输出（使用参考答案的权重）"), out
+        yield tr("the model's output (with the reference's weights)",
+                 "模型的输出（使用参考答案的权重）"), out
         model.train()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -147,7 +153,8 @@ def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[
     torch.nn.functional.cross_entropy(model(x.clone()), torch.arange(len(x)) % 10).backward()
     torch.optim.SGD(params, lr=0.1).step()
     unchanged = sum(torch.equal(b, p) for b, p in zip(before, params, strict=True))
-    yield tr("how many parameters one SGD step leaves unchanged", "一次 SGD 更新后保持不变的参数个数"), unchanged
+    yield tr("how many parameters one SGD step leaves unchanged",
+             "一次 SGD 更新后保持不变的参数个数"), unchanged
     with torch.no_grad():
         dtype = str(model.to(torch.float64)(x.double()).dtype)
     yield tr("the output dtype after .to(torch.float64)", ".to(torch.float64) 之后输出的 dtype"), dtype

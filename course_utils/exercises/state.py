@@ -47,7 +47,8 @@ def untouched() -> Iterator[None]:
     """Run with grad mode on, no inference mode, float32 tensors on the CPU by default, as a fresh kernel;
     then restore what the block may have changed, the learner's settings before it included: the torch
     (CUDA, MPS), numpy and ``random`` generators, grad mode, the default dtype and device, the thread
-    count, anomaly detection, deterministic algorithms (and their warn_only), the working directory and ``sys.stdout``/``stderr``."""
+    count, anomaly detection, deterministic algorithms (and their warn_only), the working directory and
+    ``sys.stdout``/``stderr``."""
     state = [(torch.get_rng_state, torch.set_rng_state), (np.random.get_state, np.random.set_state)]
     state += [(random.getstate, random.setstate), (torch.is_grad_enabled, torch.set_grad_enabled)]
     state += [(torch.get_default_dtype, torch.set_default_dtype)]

@@ -183,6 +183,7 @@ def _start(job: Job, engine: str, deadline: float) -> Engine:
 
 
 def _timeout_error(script: str, nproc: int, timeout: float, **info: Any) -> LaunchTimeout:
+    """The error of a job stopped at its timeout, with where its logs are."""
     log_dir = info["log_dir"]
     return LaunchTimeout(tr(
         f"{script} ({nproc} processes) did not finish within its timeout of {timeout:g} s, "
@@ -190,8 +191,10 @@ def _timeout_error(script: str, nproc: int, timeout: float, **info: Any) -> Laun
         "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
         "rank never made the same call.\n"
         f"Logs of each rank R: {log_dir}/rankR.stdout.log and rankR.stderr.log",
-        f"{script}（{nproc} 个进程）超过了 {timeout:g} 秒的时限仍未结束，作业的所有进程已被停止。\n"
-        "某个 rank 一直卡在等待中（all_reduce、barrier 等），通常是因为另一个 rank 始终没有执行同一个调用。\n"
+        f"{script}（{nproc} 个进程）超过了 {timeout:g} 秒的时限仍未结束，"
+        "作业的所有进程已被停止。\n"
+        "某个 rank 一直卡在等待中（all_reduce、barrier 等），"
+        "通常是因为另一个 rank 始终没有执行同一个调用。\n"
         f"每个 rank R 的日志：{log_dir}/rankR.stdout.log 和 rankR.stderr.log",
     ), **info)
 
@@ -228,12 +231,9 @@ def torchrun(
     check_capacity(nproc, max_nproc)
     engine = choose_engine(engine, max_restarts)
     extra = {k: str(v) for k, v in (env or {}).items()}
-    backend, default_backend = _backends(backend, extra, nproc)
-    log_dir = Path(tempfile.mkdtemp(dir="/tmp" if os.path.isdir("/tmp") else None))  # (sanitized)
-    run_env = {**job_env(extra), "COURSE_BACKEND": backend, JOB_VAR: uuid.uuid4().hex}
-    argv = tuple(str(a) for a in args)
-    shown = command(script, nproc, argv, max_restarts, shown_env(run_env, nproc, backend, default_backend))
-    job = Job(script, nproc, argv, base, run_env, log_dir, max_restarts)
+    backends = _backends(backend, extra, nproc)
+    job, shown = _job(script, nproc, args, base, extra, backends, max_restarts)
+    backend, log_dir = backends[0], job.logs
     t0 = time.monotonic()  # the timeout counts from here: starting the ranks is part of the job
     deadline = t0 + timeout if timeout is not None else float("inf")
     try:
@@ -259,3 +259,15 @@ def torchrun(
     attempts = [[o.text() for o, _ in ranks] for _, ranks in sorted(logs.attempts.items())]
     return LaunchResult(script, nproc, backend, 0, elapsed, out, err, str(log_dir),
                         max(logs.attempts, default=0), attempts, engine=runner.name, command=shown)
+
+
+def _job(script: str, nproc: int, args: Sequence[object], base: Path, extra: Mapping[str, str],
+         backends: tuple[str, str], max_restarts: int) -> tuple[Job, str]:
+    """``torchrun()``'s job (a log folder of its own, the ranks' environment with the chosen backend
+    in ``COURSE_BACKEND``) and the terminal command it shows; `backends`: see ``_backends``."""
+    backend, default_backend = backends
+    log_dir = Path(tempfile.mkdtemp(dir="/tmp" if os.path.isdir("/tmp") else None))  # (sanitized)
+    run_env = {**job_env(extra), "COURSE_BACKEND": backend, JOB_VAR: uuid.uuid4().hex}
+    argv = tuple(str(a) for a in args)
+    shown = command(script, nproc, argv, max_restarts, shown_env(run_env, nproc, backend, default_backend))
+    return Job(script, nproc, argv, base, run_env, log_dir, max_restarts), shown

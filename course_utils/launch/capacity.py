@@ -44,7 +44,8 @@ def capacity(cores: int, free: int | None) -> tuple[int, str]:
         limit = min(limit, fit)
         why = tr(f"each rank imports torch (about {RANK_MEMORY_MB} MB of memory) and {free / 2**30:.1f} GB "
                  f"is available, room for {fit}; and {why}",
-                 f"每个 rank 都要导入 torch（约 {RANK_MEMORY_MB} MB 内存），当前可用 {free / 2**30:.1f} GB，"
+                 f"每个 rank 都要导入 torch（约 {RANK_MEMORY_MB} MB 内存），当前可用 "
+                 f"{free / 2**30:.1f} GB，"
                  f"最多容纳 {fit} 个；而且{why}")
     return limit, why
 
@@ -74,5 +75,6 @@ def check_capacity(nproc: int, max_nproc: int | None, name: str = "nproc") -> No
         raise ValueError(tr(
             f"{name}={nproc} is more processes than this machine can hold: {why}. Use fewer processes "
             f"(at most {limit} here); to start {nproc} all the same, pass max_{name}={nproc}{cli}.",
-            f"{name}={nproc} 超出了这台机器能容纳的进程数：{why}。请减少进程数（这里最多 {limit} 个）；"
+            f"{name}={nproc} 超出了这台机器能容纳的进程数：{why}。"
+            f"请减少进程数（这里最多 {limit} 个）；"
             f"如果确实要启动 {nproc} 个，请传入 max_{name}={nproc}{cli_zh}。"))

@@ -73,7 +73,8 @@ def describe_exit(code: int | None) -> str:
     name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
     oom = ""
     if code == -signal.SIGKILL:
-        oom = tr(": killed, often because the machine ran out of memory", "：被强制终止，通常是因为机器内存不足")
+        oom = tr(": killed, often because the machine ran out of memory",
+                 "：被强制终止，通常是因为机器内存不足")
     return tr(f"exit code {code} ({name}{oom})", f"退出码 {code}（{name}{oom}）")
 
 
@@ -174,7 +175,8 @@ def _launcher_message(rc: int, script: str, tail: Sequence[str], where: str) -> 
     exit_ = describe_exit(rc)
     head = tr(f"the launcher failed ({exit_}) running {script} before any rank reported an error. "
               "Its last lines:",
-              f"启动器运行 {script} 时失败（{exit_}），当时还没有任何 rank 报告错误。它输出的最后几行：")
+              f"启动器运行 {script} 时失败（{exit_}），当时还没有任何 "
+              "rank 报告错误。它输出的最后几行：")
     return f"{head}\n{_quoted(tail)}\n{tr(f'Logs: {where}', f'日志：{where}')}"
 
 
@@ -186,11 +188,13 @@ def _rank_message(
     if first is None:
         head = tr(f"rank {rank} of {nproc} failed with {exit_} running {script}\n"
                   "Last lines of its error output:",
-                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败，{exit_}\n其错误输出的最后几行：")
+                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} "
+                  f"时失败，{exit_}\n其错误输出的最后几行：")
     else:
         head = tr(f"rank {rank} of {nproc} failed running {script} (rank {first} exited first, with "
                   f"{exit_}; rank {rank} was stopped as it ended)\nLast lines of its error output:",
-                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败（rank {first} 先退出，{exit_}；"
+                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败（rank "
+                  f"{first} 先退出，{exit_}；"
                   f"rank {rank} 在结束时被停止）\n其错误输出的最后几行：")
     log = Path(where, f"rank{rank}.stderr.log")
     foot = tr(f"Its full log: {log} (every rank's logs are in {where})",

@@ -64,8 +64,8 @@ class Terminal(Quiet):
         for n, r, out, err in new:
             if n > self.attempt:
                 self.attempt = n
-                print(tr(f"[launcher] restarting the job (attempt {n})", f"[启动器] 正在重启作业（尝试 {n}）"),
-                      flush=True)
+                print(tr(f"[launcher] restarting the job (attempt {n})",
+                         f"[启动器] 正在重启作业（尝试 {n}）"), flush=True)
             _write(sys.stdout, [f"[rank {r}] {line}" for line in out])
             _write(sys.stderr, [f"[rank {r}] {strip(line)}" for line in err])
 
