@@ -1,5 +1,6 @@
 """The project's own wiring: pinned stack, the two commands, CI, and that nbval really compares."""
 
+import ast
 import json
 import os
 import re
@@ -295,3 +296,28 @@ def test_no_tracked_text_file_holds_a_merge_conflict_marker():
         if any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in text.splitlines()):
             marked.append(name)
     assert not marked, f"merge conflict markers left in: {', '.join(marked)}"
+
+
+def test_the_code_passes_make_lint():
+    """`make lint` (ruff: the rules in pyproject.toml, lines of at most 120 columns) is part of the suite, so
+    that the rules hold without anyone remembering to run it."""
+    makefile = (ROOT / "Makefile").read_text()
+    command = re.search(r"^lint:.*\n\t@\.venv/bin/python (-m ruff check .+)$", makefile, re.MULTILINE)
+    assert command, "the Makefile's lint target is not the one this test runs"
+    r = subprocess.run([sys.executable, *command.group(1).split()], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-1000:]
+
+
+def test_no_course_module_over_450_lines_and_no_function_over_60():
+    """CONTRIBUTING's "Style": a module of course_utils that grows splits along its seams."""
+    too_long = []
+    for path in sorted((ROOT / "course_utils").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        name = path.relative_to(ROOT).as_posix()
+        if source.count("\n") > 450:
+            too_long.append(f"{name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                too_long.append(f"{name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
