@@ -80,11 +80,13 @@ def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
     return describe_figure(
         fig, f"Two timelines measured on {n} ranks, GPipe above and 1F1B below: for each stage a row of blue forward "
         f"boxes and orange backward boxes of micro-batches 0 to {m - 1}. GPipe runs every forward before any backward; "
-        "1F1B interleaves them, so stage 0 holds fewer micro-batches at once.",
+        + ("1F1B interleaves them, so stage 0 holds fewer micro-batches at once." if m > n else
+           "1F1B interleaves them; with no more micro-batches than stages, stage 0 still holds all of them at once."),
         f"在 {n} 个 rank 上测得的两条时间线，上为 GPipe，下为 1F1B：每个阶段一行，"
         f"蓝色为微批次 0 到 {m - 1} 的前向，"
-        "橙色为反向。GPipe 先做完所有前向再做反向；1F1B 让两者交替，"
-        "因此阶段 0 同时持有的微批次更少。")
+        "橙色为反向。GPipe 先做完所有前向再做反向；"
+        + ("1F1B 让两者交替，因此阶段 0 同时持有的微批次更少。" if m > n else
+           "1F1B 让两者交替；但微批次不多于阶段数时，阶段 0 仍会同时持有全部微批次。"))
 
 
 def draw_mesh(records: Sequence[Mapping[str, Any]]) -> Any:

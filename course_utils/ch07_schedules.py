@@ -31,7 +31,8 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 def schedule_orders(schedule: str, stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
     """The order in which each stage runs its forwards ("F", i) and backwards ("B", i), as PyTorch's
     ``ScheduleGPipe`` and ``Schedule1F1B`` run them: GPipe every forward then every backward; 1F1B
-    ``stages - s`` forwards first on stage s, then one backward and one forward in turn, then the rest."""
+    ``stages - s`` forwards first on stage s, then one backward and one forward in turn, then the rest.
+    ``Schedule1F1B`` refuses fewer micro-batches than stages (ValueError); :func:`schedule_explorer` says so."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if stages < 1 or microbatches < 1:
@@ -159,6 +160,14 @@ def schedule_explorer() -> Any:
     micro = w.IntSlider(value=d["microbatches"], min=1, max=16, description=tr("micro-batches", "微批次"),
                         continuous_update=False)
     schedule = w.Dropdown(options=list(SCHEDULES), value=d["schedule"], description=tr("schedule", "调度"))
-    out = w.interactive_output(lambda stages, microbatches, schedule: show_figure(
-        draw_schedule(stages, microbatches, schedule)), {"stages": stages, "microbatches": micro, "schedule": schedule})
+    def redraw(stages: int, microbatches: int, schedule: str) -> None:
+        if schedule == "1F1B" and microbatches < stages:  # Schedule1F1B raises ValueError there
+            print(tr(f"PyTorch's Schedule1F1B needs at least as many micro-batches as stages ({microbatches} < "
+                     f"{stages}): it raises ValueError. Add micro-batches, or choose GPipe.",
+                     f"PyTorch 的 Schedule1F1B 要求微批次不少于阶段数（{microbatches} < {stages}），"
+                     "否则抛出 ValueError。请增加微批次，或改用 GPipe。"))
+            return
+        show_figure(draw_schedule(stages, microbatches, schedule))
+
+    out = w.interactive_output(redraw, {"stages": stages, "microbatches": micro, "schedule": schedule})
     return w.VBox([w.HBox([stages, micro, schedule]), out])

@@ -377,3 +377,14 @@ def test_fsdp2_facts_and_a_checkpoint_of_2_ranks_loaded_on_3_and_on_1(tmp_path):
     assert [r["load"]["rows"][0] for r in loaded] == [86, 86, 84] and all(r["load"]["diff"] == 0 for r in loaded)
     _run("fsdp2_in_depth.py", 1, tmp_path, "--load", ckpt)  # one rank: the whole model
     assert ch07.load_records(tmp_path, "fsdp2_load")[0]["load"]["rows"] == [256, 64]
+
+
+def test_the_schedule_explorer_says_that_1f1b_refuses_fewer_micro_batches_than_stages(capsys):
+    """PyTorch's Schedule1F1B raises ValueError when micro-batches < stages; the explorer says so
+    instead of drawing a schedule that PyTorch does not run."""
+    box = ch07.schedule_explorer()
+    stages, micro, schedule = box.children[0].children
+    schedule.value, stages.value, micro.value = "1F1B", 4, 2
+    assert "needs at least as many micro-batches as stages (2 < 4)" in capsys.readouterr().out
+    schedule.value = "GPipe"  # GPipe runs any number
+    assert "needs at least" not in capsys.readouterr().out
