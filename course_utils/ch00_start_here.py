@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import data
-from .figures import describe_figure, pyplot, show_figure
+from .figures import describe_figure, pyplot, show_figure, widget_callback
 from .i18n import tr
 
 #: The gallery's default view: the widget's starting values and the defaults of `pick` and `show`, so
@@ -79,6 +79,7 @@ def gallery_widget():
     """Sliders for split, class, count and seed over :func:`show`, starting at :data:`GALLERY_DEFAULTS`."""
     import ipywidgets as w
 
+    @widget_callback
     def update(split, label, n, seed):
         show_figure(show(split, None if label < 0 else label, n, seed))
 

@@ -37,7 +37,7 @@ from .ch01_graph import (  # noqa: F401  (re-exported: the chapter's names stay 
     as_text,
     build_graph,
 )
-from .figures import COLORS, describe_figure, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
 from .i18n import tr
 
 # ---------------------------------------------------------------- the backward pass, step by step
@@ -166,6 +166,7 @@ def stepper_widget(tensor: torch.Tensor, params: Mapping[str, torch.Tensor] | No
     widgets.jslink((play, "value"), (slider, "value"))
     image, text = widgets.Image(format="png"), widgets.HTML()
 
+    @widget_callback
     def show(i: int) -> None:
         if i not in views:
             views[i] = _step_picture(g, steps, i)
@@ -254,6 +255,7 @@ def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
         kw = dict(step=0.1, continuous_update=False, readout_format=".1f")
         return widgets.FloatSlider(value, min=-10.0, max=10.0, description=name, **kw)
 
+    @widget_callback
     def show(x: float, w: float, b: float) -> None:
         print(sigmoid_example_text(x, w, b))
         show_figure(sigmoid_example_figure(x, w, b))

@@ -18,7 +18,7 @@ from .ch02_mini import (  # noqa: F401  (re-exported: the chapter's names stay i
     MiniModule,
     MiniReLU,
 )
-from .figures import COLORS, describe_figure, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
 from .i18n import pad, text_width, tr
 
 # --------------------------------------------------------------------------- summary
@@ -331,6 +331,7 @@ def model_builder_widget(x: Tensor | None = None):
     }
     out = w.Output()
 
+    @widget_callback
     def redraw(_change: Any = None) -> None:
         with out:
             out.clear_output(wait=True)

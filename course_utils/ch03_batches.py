@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
-from .figures import COLORS, describe_figure, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
 from .i18n import tr
 
 SAMPLERS = ("default", "sequential", "random", "weighted")
@@ -135,6 +135,7 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:
         batch=w.IntSlider(d["batch"], 0, -(-n // d["batch_size"]) - 1, description=tr("batch", "批次")),
     )
 
+    @widget_callback
     def show(**kw: Any) -> None:
         controls["batch"].max = -(-n // kw["batch_size"]) - 1
         try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import sampler_indices
-from .figures import describe_figure, pyplot, show_figure
+from .figures import describe_figure, pyplot, show_figure, widget_callback
 from .i18n import tr
 
 GREY = "#c8c8c8"
@@ -250,7 +250,7 @@ def sampler_explorer() -> Any:
     sliders = {key: w.IntSlider(value=d[key], min=low, max=high, description=text,
                                 continuous_update=False) for key, (text, low, high) in ranges.items()}
     boxes = {key: w.Checkbox(value=d[key], description=key) for key in ("shuffle", "drop_last")}
-    out = w.interactive_output(lambda **kw: show_figure(draw_sampler(**kw, seed=d["seed"])),
+    out = w.interactive_output(widget_callback(lambda **kw: show_figure(draw_sampler(**kw, seed=d["seed"]))),
                                sliders | boxes)
     return w.VBox([w.HBox(list(sliders.values())), w.HBox(list(boxes.values())), out])
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .device import one_main_thread
-from .figures import COLORS, describe_figure, pyplot, show_figure
+from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
 from .i18n import pad, text_width, tr
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +287,7 @@ def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):
     }
     out = widgets.Output()
 
+    @widget_callback
     def redraw(_: object = None) -> None:
         chosen = [k for k, b in boxes.items() if b.value]
         with out:

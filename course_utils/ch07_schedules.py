@@ -152,7 +152,7 @@ def schedule_explorer() -> Any:
     """Sliders for the stages and micro-batches and a menu for the schedule; redraws :func:`draw_schedule`."""
     import ipywidgets as w
 
-    from .figures import show_figure
+    from .figures import show_figure, widget_callback
 
     d = SCHEDULE_DEFAULTS
     stages = w.IntSlider(value=d["stages"], min=1, max=8, description=tr("stages", "阶段数"),
@@ -160,6 +160,7 @@ def schedule_explorer() -> Any:
     micro = w.IntSlider(value=d["microbatches"], min=1, max=16, description=tr("micro-batches", "微批次"),
                         continuous_update=False)
     schedule = w.Dropdown(options=list(SCHEDULES), value=d["schedule"], description=tr("schedule", "调度"))
+    @widget_callback
     def redraw(stages: int, microbatches: int, schedule: str) -> None:
         if schedule == "1F1B" and microbatches < stages:  # Schedule1F1B raises ValueError there
             print(tr(f"PyTorch's Schedule1F1B needs at least as many micro-batches as stages ({microbatches} < "

@@ -10,6 +10,7 @@ the text goes into the output's metadata, ``{"image/png": {"alt": ...}}``, where
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import warnings
 from pathlib import Path
@@ -179,3 +180,21 @@ def show_figure(fig) -> None:
     pyplot().close(fig)
     carry_alt_text()
     display(fig)
+
+
+def widget_callback(redraw):
+    """`redraw`, a widget's callback that draws with matplotlib, run with pyplot's interactive mode off.
+
+    The kernel dispatches a widget message that arrives while another is being handled without waiting
+    for it, and after each one the comm layer runs IPython's ``post_execute`` hooks; pyplot's hook redraws
+    every open figure when interactive mode is on. One such redraw could fall between a callback's
+    ``plt.subplots`` and its ``show_figure``: the half-built figure lost its ``tight_layout`` and the
+    widget showed it narrower, its labels over the next panel. With interactive mode off while the
+    callback runs, no hook draws or shows its figure before ``show_figure`` does."""
+
+    @functools.wraps(redraw)
+    def run(*args, **kwargs):
+        with pyplot().ioff():
+            return redraw(*args, **kwargs)
+
+    return run

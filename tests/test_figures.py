@@ -141,3 +141,74 @@ def test_a_kernel_stores_the_alt_text_of_every_way_a_figure_is_shown(tmp_path):
         (out,) = [o for o in cell.outputs if "image/png" in o.get("data", {})]
         alts.append(out.get("metadata", {}).get("image/png", {}).get("alt"))
     assert alts == ["Shown by plt.show.", "Left open.", "By show_figure.", None]
+
+
+def _half_built_figure_redrawn_by_the_hook(callback_wrapper) -> tuple[int, bool]:
+    """A widget callback that builds a figure while pyplot's post_execute hook (what the comm layer runs
+    after a widget message that arrived meanwhile) fires halfway; how often the hook drew the figure,
+    and whether interactive mode was on inside the callback."""
+    from matplotlib import pyplot as plt
+
+    draws, seen = [], {}
+
+    def redraw(x: float) -> None:
+        seen["interactive"] = matplotlib.is_interactive()
+        fig, ax = plt.subplots()
+        fig.canvas.mpl_connect("draw_event", lambda _event: draws.append(x))
+        plt._draw_all_if_interactive()  # the hook: `ip.events.register("post_execute", ...)` in pyplot
+        ax.plot([0, x])
+        plt.close(fig)
+
+    with plt.ion():
+        callback_wrapper(redraw)(1.0)
+    return len(draws), seen["interactive"]
+
+
+def test_a_widget_callback_draws_its_figure_with_no_hook_in_between():
+    assert _half_built_figure_redrawn_by_the_hook(lambda f: f) == (1, True)  # the hazard, unwrapped
+    assert _half_built_figure_redrawn_by_the_hook(figures.widget_callback) == (0, False)
+    assert not matplotlib.is_interactive()  # the mode is given back
+
+
+def test_the_wrapped_callback_keeps_its_signature_for_ipywidgets():
+    import inspect
+
+    def redraw(stages: int, microbatches: int = 4) -> str:
+        return f"{stages}x{microbatches}"
+
+    wrapped = figures.widget_callback(redraw)
+    assert list(inspect.signature(wrapped).parameters) == ["stages", "microbatches"]  # interactive() reads them
+    assert wrapped(2, microbatches=8) == "2x8" and wrapped.__name__ == "redraw"
+
+
+WIDGET_CALLS = ("observe", "interactive", "interactive_output")
+
+
+def test_every_widget_callback_of_the_course_is_wrapped():
+    """A function or lambda that a widget calls back (``x.observe(f)``, ``interactive(f, ...)``,
+    ``interactive_output(f, ...)``) is ``widget_callback``'s: else a figure it builds can be redrawn
+    half-built by a hook (the test above)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(figures.__file__).parent
+    unwrapped = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        wrapped = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                   and any(getattr(d, "id", None) == "widget_callback" for d in f.decorator_list)}
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and call.args):
+                continue
+            name = getattr(call.func, "attr", None) or getattr(call.func, "id", None)
+            if name not in WIDGET_CALLS or (name == "observe" and not isinstance(call.func, ast.Attribute)):
+                continue  # (a plain `observe(...)` is the exercises' observer, not a widget's method)
+            target = call.args[0]
+            if isinstance(target, ast.Lambda) and "show_figure" not in ast.dump(target):
+                continue  # a lambda that only passes the change on, to a wrapped function
+            if isinstance(target, ast.Name) and target.id in wrapped:
+                continue
+            if isinstance(target, ast.Call) and getattr(target.func, "id", None) == "widget_callback":
+                continue
+            unwrapped.append(f"{path.relative_to(root)}:{call.lineno}")
+    assert not unwrapped, f"widget callbacks without @widget_callback: {unwrapped}"
