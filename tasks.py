@@ -940,6 +940,17 @@ def find_python(version):
     return None
 
 
+def portable_level_env(name):
+    """The switches of the portability lane's CPU level `name` (``tools/portable.py``), for a whole lane:
+    CI runs the other Pythons' notebooks at the levels other than its own (standard library only)."""
+    from tools import portable
+
+    levels = {level.name: level for level in portable.LEVELS if level.env}
+    if name not in levels:
+        die("--level takes %s (one core is the portability lane's own), not %r." % (" or ".join(levels), name))
+    return dict(levels[name].env)
+
+
 def cmd_test_pythons(argv):
     """The whole suite on each Python the README names, each in its own venv (.venv-3.X)."""
     import argparse
@@ -947,7 +958,10 @@ def cmd_test_pythons(argv):
     parser = argparse.ArgumentParser(prog="python tasks.py test-pythons")
     parser.add_argument("--pythons", default=",".join(PYTHONS), help="comma-separated, e.g. 3.12,3.13")
     parser.add_argument("--setup-only", action="store_true", help="create and fill the venvs, run nothing")
+    parser.add_argument("--level", help="a CPU level of the portability lane to run at (python -m tools.portable): "
+                                        "default or avx2; CI runs each Python at one")
     opts, rest = parser.parse_known_args(argv)
+    level_env = portable_level_env(opts.level) if opts.level else {}
     versions = [v.strip() for v in opts.pythons.split(",") if v.strip()]
     missing = [v for v in versions if not find_python(v)]
     if missing:
@@ -966,7 +980,7 @@ def cmd_test_pythons(argv):
             rows.append((v, 0, t1 - t0, 0.0))
             continue
         rc = subprocess.call([str(py), "-m", "tools.lanes", "test-pythons"] + rest, cwd=str(ROOT),
-                             env=venv_env(py.parent.parent))
+                             env={**venv_env(py.parent.parent), **level_env})
         rows.append((v, rc, t1 - t0, time.time() - t1))
     print("\n%-8s %-8s %10s %10s" % ("Python", "result", "install s", "suite s"))
     for v, rc, inst, suite in rows:

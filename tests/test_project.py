@@ -77,9 +77,10 @@ def test_make_targets_call_the_task_runner():
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", " "))]
     lanes = [ln for ln in ci if ln.startswith(("make ", "python3 tasks.py"))]
     assert lanes == ["python3 tasks.py test-pythons --pythons 3.12,3.13 --setup-only >\"$pythons_log\" 2>&1 &",
-                     "make test", "python3 tasks.py test-portable --levels default,avx2,one-core notebooks",
+                     "make test", "python3 tasks.py test-portable --levels one-core notebooks",
                      "make test-browser", "make test-book", "make test-spawn", "make test-slurm",
-                     'python3 tasks.py test-pythons --pythons 3.12,3.13 -m "not slow" tests notebooks',
+                     'python3 tasks.py test-pythons --pythons 3.13 --level default -m "not slow" tests notebooks',
+                     'python3 tasks.py test-pythons --pythons 3.12 --level avx2 -m "not slow" tests notebooks',
                      "make test-hub"]
 
 
@@ -321,3 +322,16 @@ def test_no_course_module_over_450_lines_and_no_function_over_60():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
                 too_long.append(f"{name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert too_long == []
+
+
+def test_other_pythons_run_at_a_cpu_level_of_the_portability_lane(capsys):
+    """CI's 3.13 and 3.12 runs carry the portability lane's `default` and `avx2` levels: the same switches."""
+    from tools import portable
+
+    for level in portable.LEVELS:
+        if level.env:
+            assert tasks.portable_level_env(level.name) == level.env
+    for wrong in ("one-core", "own", "avx512"):
+        with pytest.raises(SystemExit):
+            tasks.portable_level_env(wrong)
+        assert "--level takes default or avx2" in capsys.readouterr().err
