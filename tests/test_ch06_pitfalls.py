@@ -339,7 +339,7 @@ def test_rank0_eval_script_two_correct_ways_and_the_hang():
     # more with more time.
     for factor in (2, 5):
         with pytest.raises(LaunchTimeout) as info:
-            run("rank0-wrapper", min(400, max(20, round(factor * both.elapsed))))
+            run("rank0-wrapper", min(400, max(10, round(factor * both.elapsed))))
         if "epoch 1: evaluating through the DDP wrapper" in info.value.logs[0]:
             break
     logs0, logs1 = info.value.logs[0].splitlines(), info.value.logs[1].splitlines()

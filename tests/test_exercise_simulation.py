@@ -51,8 +51,8 @@ LIMIT_S = 5.0  # the exercises' time limit during the simulation (a sleeping ans
 # charged), up to core.MAX_STRETCH times: slower than that is "slow", much slower a hang.
 SLOW_S = MAX_STRETCH * LIMIT_S + 5
 # Hostile answers (sleeping, spinning, ...) meet the same limit mechanism with a shorter limit: any verdict
-# but Correct is right for them, so a check that runs out of time is fine, and a sleeping answer costs 1 s.
-HOSTILE_LIMIT_S = 1.0
+# but Correct is right for them, so a check that runs out of time is fine, and a sleeping answer costs 0.5 s.
+HOSTILE_LIMIT_S = 0.5
 HANG_S = float(os.environ.get("SIM_HANG_S", SLOW_S + 10))
 
 

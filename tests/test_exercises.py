@@ -257,6 +257,21 @@ def test_an_endless_answer_on_simulated_ranks_leaves_no_thread_running(exercise,
     assert not left, f"threads still running after the check: {left}"
 
 
+def test_an_answer_on_real_ranks_is_stopped_on_each_rank_or_named_by_the_launch(monkeypatch):
+    """Chapter 04 Q2 runs the answer on 3 real processes: an endless answer meets the check's time limit on
+    each rank (not the launch's timeout, seconds later), and an answer that kills its process is named by
+    the launch's failure."""
+    from course_utils.exercises import ch04
+
+    monkeypatch.setattr(core, "TIME_LIMIT_S", 0.5)
+    start = time.monotonic()
+    endless = ch04.q2.check(lambda t: [None for _ in iter(int, 1)])
+    assert endless.status == "incorrect" and "did not finish within 0.5 s on rank" in endless.message
+    assert time.monotonic() - start < ch04.LAUNCH_ALLOWANCE_S
+    killed = ch04.q2.check(lambda t: __import__("os")._exit(3))
+    assert killed.status == "incorrect" and "made a rank fail or hang" in killed.message
+
+
 def test_a_sleeping_answer_on_simulated_ranks_does_not_stall_later_checks(monkeypatch):
     """A rank asleep in the learner's code gets its stop when it wakes. Until then Python 3.11 kept every
     thread's eval breaker on, and a traced call spins on that: the trace that stops an answer swallowing

@@ -71,6 +71,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.dist import setup
+from course_utils.exercises.time_limit import TimeUp, bounded
 
 SHOWN = {"get_rank", "get_world_size", "ReduceOp", "is_initialized", "is_available", "group", "get_backend"}
 
@@ -121,8 +122,10 @@ def run(code, defaults, world, group):
     sent = []
     for t in tensors(world, dist.get_rank(group)):
         view.sent = []
-        try:
-            got = fn(t.clone())
+        try:  # the check's time limit, on each rank: an endless answer ends here, not at the launch's timeout
+            got, _ = bounded(lambda: fn(t.clone()), job["limit"])
+        except TimeUp:
+            return {"calls": calls, "error": ("TimeUp", [], None, True)}
         except (Exception, SystemExit) as exc:
             frames = traceback.extract_tb(exc.__traceback__)
             line = next((f.lineno for f in reversed(frames) if f.filename == fn.__code__.co_filename), None)
@@ -176,7 +179,8 @@ def _launch(answers, timeout):
     from ..launch import LaunchError, torchrun  # imports torch.distributed: only when checking
 
     with tempfile.TemporaryDirectory(prefix="ch04-q2-") as folder:
-        job = {"answers": {i: _key(fn) for i, fn in enumerate(answers)}, "timeout": 8.0}
+        job = {"answers": {i: _key(fn) for i, fn in enumerate(answers)}, "timeout": 8.0,
+               "limit": core.TIME_LIMIT_S}
         Path(folder, "job.pkl").write_bytes(pickle.dumps(job))
         Path(folder, "on_ranks.py").write_text(_HARNESS)
         try:
@@ -237,6 +241,13 @@ def _two_step_facts(fn, world):
     for rank, rec in enumerate(found):
         if rec["error"] is not None:
             kind, text, line, own = rec["error"]
+            if kind == "TimeUp":
+                raise Incorrect(tr(
+                    f"on {world} ranks, your function did not finish within {core.TIME_LIMIT_S:g} s on rank {rank}: "
+                    "an endless loop, or a collective that another rank does not call?",
+                    f"在 {world} 个 rank 上，你的函数在 rank {rank} 上没有在 {core.TIME_LIMIT_S:g} 秒内结束："
+                    "是死循环，还是调用了其他 rank 没有调用的集合通信？",
+                ))
             code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
             if kind == "NotImplementedError" and own and (code.startswith("raise") if code else not text):
                 raise NotAttempted(tr(*STUB))  # the learner's unfinished body, as compare._is_stub judges it
