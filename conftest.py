@@ -12,10 +12,11 @@
    not compared (``NBVAL_IGNORE_OUTPUT``), a warning that the stored output does not show fails
    the cell all the same: a PyTorch upgrade that starts warning is something to look at.
 3. Tests record no learner progress (course_utils.progress), whatever this computer's setting.
-4. Under ``--dist loadgroup`` (``make test``'s two workers): a notebook's cells share one kernel, so
-   they go to one worker, in order; the notebooks are handed out first (they are the longest pieces
-   of work) and each unit test then goes to whichever worker is free, so that the two workers end
-   together instead of one waiting while the other runs a long test file alone.
+4. Under ``--dist loadgroup`` (``make test``'s workers: one more than the cores, ``tools/lanes.py``): a
+   notebook's cells share one kernel, so they go to one worker, in order; the notebooks are handed
+   out first (they are the longest pieces of work) and each unit test then goes to whichever worker
+   is free, so that the workers end together instead of one waiting while another runs a long test
+   file alone.
 5. A warning raised from the course's own code (``course_utils``, ``tools``, the scripts of
    ``notebooks/scripts/`` that tests import as ``notebooks.scripts.NAME``) is an error in the unit
    tests, as a new warning is in the notebooks. A test that expects one says so with

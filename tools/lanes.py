@@ -27,7 +27,11 @@ KERNEL_START_TIMEOUT = 180  # seconds; a kernel starting on a loaded machine is 
 CELL_TIMEOUT = 300  # seconds; a hung cell fails the suite instead of waiting nbval's 2000 s
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 NO_CACHE = ("-p", "no:cacheprovider")
-TWO_WORKERS = ("-n", "2", "--dist", "loadgroup")  # a notebook whole on one worker (conftest.py)
+# One worker more than the cores (at most 4): many tests wait (a timeout, a sleeping answer, a rank
+# starting) and the extra worker uses those seconds; each notebook whole on one worker (conftest.py)
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+WORKERS = str(min(4, CORES + 1))
+PARALLEL = ("-n", WORKERS, "--dist", "loadgroup")
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,10 @@ class Lane:
 
 _SLURM = ("munged", "slurmctld", "slurmd", "sbatch")
 LANES = {lane.name: lane for lane in (
-    Lane("test", ("tests", "notebooks", "notebooks-zh"), "--nbval", TWO_WORKERS),
-    Lane("test-pythons", ("tests", "notebooks"), "--nbval", TWO_WORKERS),
+    Lane("test", ("tests", "notebooks", "notebooks-zh"), "--nbval", PARALLEL),
+    Lane("test-pythons", ("tests", "notebooks"), "--nbval", PARALLEL),
     Lane("test-spawn", tuple(f"notebooks/{c.notebook}" for c in inventory.CHAPTERS if c.starts_processes),
-         "--nbval-lax", NO_CACHE + TWO_WORKERS, path=("tests/spawn_only",)),
+         "--nbval-lax", NO_CACHE + PARALLEL, path=("tests/spawn_only",)),
     Lane("test-gpu", ("notebooks",), "--nbval-lax", NO_CACHE, {"COURSE_GPU_LANE": "1"}, path=(".",)),
     Lane("test-slurm", ("tests/slurm",), None, (*NO_CACHE, "-s"), {"COURSE_SLURM_LANE": "1"},
          args_follow=True, venv_bin_first=True, needs=_SLURM,
