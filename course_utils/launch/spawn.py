@@ -122,18 +122,18 @@ def spawn_bounded(
     codes = [p.exitcode for p in ctx.processes if p.exitcode != 0]
     if late:
         msg = tr(
-            "{n_late} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. A process "
-            "waiting forever (in init_process_group, a collective, ...) usually means that another one never joined.",
-            "启动的 {nprocs} 个进程中有 {n_late} 个没有在 {timeout:g} 秒内结束，已被终止。一个进程永远等下去（在 "
-            "init_process_group、某个集合通信……中），通常说明另一个进程始终没有加入。",
+            "{n_late} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
+            "A process waiting forever (in init_process_group, a collective, ...) usually means that "
+            "another one never joined.",
+            "启动的 {nprocs} 个进程中有 {n_late} 个没有在 {timeout:g} 秒内结束，已被终止。"
+            "一个进程永远等下去（在 init_process_group、某个集合通信……中），通常说明另一个进程始终没有加入。",
             n_late=len(late), nprocs=nprocs, timeout=timeout)
         raise SpawnFailed(msg, None, err.text)
     if codes:
         code, causes = max(set(codes), key=codes.count), error_lines(err.text)
         name = getattr(fn, "__name__", fn)
-        msg = tr("{n_codes} of {nprocs} child processes exited with code {code} before finishing {name}. The "
-                 "children's error: ",
-                 "{nprocs} 个子进程中有 {n_codes} 个在 {name} 结束之前退出，退出码 {code}。子进程的报错：",
-                 n_codes=len(codes), nprocs=nprocs, code=code, name=name)
+        msg = tr(f"{len(codes)} of {nprocs} child processes exited with code {code} before finishing "
+                 f"{name}. The children's error: ",
+                 f"{nprocs} 个子进程中有 {len(codes)} 个在 {name} 结束之前退出，退出码 {code}。子进程的报错：")
         raise SpawnFailed(msg + (causes[-1] if causes else "(no error message)"), code, err.text)
     return len(ctx.processes)
