@@ -63,9 +63,9 @@ def _split_name(split: str) -> str:
 def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D["n"], seed: int = _D["seed"]):
     """The gallery's view: pick images, draw them, return the figure."""
     images, labels, _ = pick(split, label, n, seed)
-    which = tr("all digits", "全部数字") if label is None else tr(f"digit {label}", f"数字 {label}")
-    title = tr(f"{n} {split} images, {which} (seed {seed})",
-               f"{_split_name(split)}中的 {n} 张图像，{which}（随机种子 {seed}）")
+    which = tr("all digits", "全部数字") if label is None else tr("digit {label}", "数字 {label}", label=label)
+    title = tr("{n} {split} images, {which} (seed {seed})", "{split}中的 {n} 张图像，{which}（随机种子 {seed}）",
+               n=n, split=_split_name(split), which=which, seed=seed)
     fig = draw_grid(images, labels, title)
     shown = ", ".join(map(str, labels))
     return describe_figure(fig, f"{len(labels)} handwritten digits from the {split} split ({which}, seed {seed}), "

@@ -38,7 +38,7 @@ from .ch01_graph import (  # noqa: F401  (re-exported: the chapter's names stay 
     build_graph,
 )
 from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
-from .i18n import tr
+from .i18n import table, tr
 
 # ---------------------------------------------------------------- the backward pass, step by step
 
@@ -112,24 +112,25 @@ def backward_steps(
 
 def _grad_str(t: torch.Tensor | None) -> str:
     shape = _fmt_shape(t)
-    return "None" if t is None else _fmt_values(t) or tr(f"a {shape} tensor", f"形状为 {shape} 的张量")
+    return "None" if t is None else _fmt_values(t) or tr("a {shape} tensor", "形状为 {shape} 的张量", shape=shape)
 
 
 def format_step(step: Step, graph: Graph, n_steps: int | None = None) -> str:
     """A few lines saying what one step of the backward pass does."""
     i, ref = step.index + 1, _node_ref(graph.nodes[step.node])
-    of = tr(f" of {n_steps}", f"（共 {n_steps} 步）") if n_steps else ""
-    head = tr(f"step {i}{of}: {ref}", f"第 {i} 步{of}：{ref}")
+    of = tr(" of {n_steps}", "（共 {n_steps} 步）", n_steps=n_steps) if n_steps else ""
+    head = tr("step {i}{of}: {ref}", "第 {i} 步{of}：{ref}", i=i, of=of, ref=ref)
     name, out, got = graph.nodes[step.node].name, graph.root_name, _grad_str(step.grad_output)
     if step.is_leaf:
-        why = tr(f"(AccumulateGrad stores d{out}/d{name or 'leaf'})",
-                 f"（AccumulateGrad 存下 d{out}/d{name or 'leaf'}）")
+        why = tr("(AccumulateGrad stores d{out}/d{value})", "（AccumulateGrad 存下 d{out}/d{value}）",
+                 out=out, value=name or 'leaf')
         return f"{head}\n  {name or tr('the leaf', '叶子张量')}.grad += {got}   {why}"
-    wrt = name or tr(f"(result of #{step.node})", f"(#{step.node} 的结果)")
-    lines = [head, tr(f"  gradient in: d{out}/d{wrt} = {got}", f"  收到的梯度：d{out}/d{wrt} = {got}")]
+    wrt = name or tr("(result of #{node})", "(#{node} 的结果)", node=step.node)
+    lines = [head, tr("  gradient in: d{out}/d{wrt} = {got}", "  收到的梯度：d{out}/d{wrt} = {got}",
+                      out=out, wrt=wrt, got=got)]
     for t, gi in step.grad_inputs:
         to, sent = _node_ref(graph.nodes[t]), _grad_str(gi)
-        lines.append(tr(f"  sends {sent} to {to}", f"  向 {to} 送出 {sent}"))
+        lines.append(tr("  sends {sent} to {to}", "  向 {to} 送出 {sent}", sent=sent, to=to))
     return "\n".join(lines if step.grad_inputs else [*lines, tr("  sends nothing further", "  不再向下传递")])
 
 
@@ -139,8 +140,8 @@ def _step_picture(g: Graph, steps: Sequence[Step], index: int) -> GraphDrawing:
     if not 0 <= index < len(steps):
         raise IndexError(f"step must be between 0 and {len(steps) - 1}, not {index}.")
     i, n, step = index + 1, len(steps), steps[index]
-    title = tr(f"backward pass of {g.root_name}, step {i} of {n}",
-               f"{g.root_name} 的反向传播：第 {i} 步（共 {n} 步）")
+    title = tr("backward pass of {root_name}, step {i} of {n}", "{root_name} 的反向传播：第 {i} 步（共 {n} 步）",
+               root_name=g.root_name, i=i, n=n)
     grads = {s.node: _fmt_values(s.grad_output) for s in steps[: index + 1]}
     sent = {(t, step.node): _grad_str(gi) for t, gi in step.grad_inputs}
     return _picture(g, format_step(step, g, len(steps)), title, grads, step.node, sent)
@@ -198,12 +199,9 @@ def _sigmoid_numbers(x: float, w: float, b: float) -> tuple[dict[str, float], di
 def sigmoid_example_text(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> str:
     """A small table: each quantity by hand (float64) and by autograd (float32)."""
     hand, auto = _sigmoid_numbers(x, w, b)
-    head = tr(f"{'':6s} {'by hand':>11s} {'autograd':>11s}",
-              f"{'':6s} {'手算':>9s} {'autograd':>11s}")  # 手算: 4 columns
-    rows = [f"x = {x:g}, w = {w:g}, b = {b:g}", head]
-    for k in ("y", "z", "dz/dx", "dz/dw", "dz/db"):
-        rows.append(f"{k:6s} {hand[k]:11.4e} {auto[k]:11.4e}")
-    return "\n".join(rows)
+    rows = [("", tr("by hand", "手算"), "autograd")]
+    rows += [(k, f"{hand[k]:.4e}", f"{auto[k]:.4e}") for k in ("y", "z", "dz/dx", "dz/dw", "dz/db")]
+    return "\n".join([f"x = {x:g}, w = {w:g}, b = {b:g}", *table(rows, align="<>>", sep=" ", widths=(6, 11, 11))])
 
 
 def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:
@@ -216,13 +214,13 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     lo, hi = min(-8.0, y - 2.0), max(8.0, y + 2.0)
     t = torch.linspace(lo, hi, 400, dtype=torch.float64)
     ax.plot(t.numpy(), torch.sigmoid(t).numpy(), color=COLORS["blue"], label="z = sigmoid(y)")
-    tangent = tr(f"tangent at y = {y:.2f}, slope sigmoid'(y) = {slope:.3e}",
-                 f"y = {y:.2f} 处的切线，斜率 sigmoid'(y) = {slope:.3e}")
+    tangent = tr("tangent at y = {y:.2f}, slope sigmoid'(y) = {slope:.3e}",
+                 "y = {y:.2f} 处的切线，斜率 sigmoid'(y) = {slope:.3e}", y=y, slope=slope)
     ax.plot([y - 3, y + 3], [z - 3 * slope, z + 3 * slope], "--", color=COLORS["vermilion"], label=tangent)
     ax.plot([y], [z], "o", color=COLORS["vermilion"], zorder=3)
     ax.set(xlim=(lo, hi), ylim=(-0.1, 1.1), xlabel="y = w * x + b", ylabel="z = sigmoid(y)")
-    ax.set_title(tr(f"z = sigmoid(w*x + b) at x={x:g}, w={w:g}, b={b:g}",
-                    f"x={x:g}, w={w:g}, b={b:g} 时的 z = sigmoid(w*x + b)"))
+    ax.set_title(tr("z = sigmoid(w*x + b) at x={x:g}, w={w:g}, b={b:g}",
+                    "x={x:g}, w={w:g}, b={b:g} 时的 z = sigmoid(w*x + b)", x=x, w=w, b=b))
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     keys = ["dz/db", "dz/dw", "dz/dx"]  # bottom to top

@@ -180,27 +180,30 @@ def graph_alt_text(g: Graph, title: str, hot: Any = None) -> str:
     leaves = [n.name or tr("(unnamed)", "（未命名）") for n in g.nodes if n.kind == "leaf"]
     shown = ops if len(ops) <= 12 else [*ops[:5], "…", *ops[-5:]]
     title = " ".join(title.split())
-    from_leaves = f"叶子张量 {'、'.join(leaves)} " if leaves else "未显示的叶子张量"
-    text = tr(f"{title}. An autograd graph drawn as boxes and arrows: {len(ops)} operation(s) "
-              f"({', '.join(shown) or 'none'}) lead from the leaf tensor(s) {', '.join(leaves) or '(none shown)'} "
-              f"to {g.root_name}.",
-              f"{title}。以方框和箭头画出的计算图：{len(ops)} "
-              f"个运算（{'、'.join(shown) or '无'}），"
-              f"从{from_leaves}通向 {g.root_name}。")
+    sep = tr(", ", "、")
+    if leaves:
+        from_leaves = tr("the leaf tensor(s) {leaves}", "叶子张量 {leaves} ", leaves=sep.join(leaves))
+    else:
+        from_leaves = tr("the leaf tensor(s) (none shown)", "未显示的叶子张量")
+    text = tr("{title}. An autograd graph drawn as boxes and arrows: {n_ops} operation(s) ({ops}) lead from "
+              "{from_leaves} to {root}.",
+              "{title}。以方框和箭头画出的计算图：{n_ops} 个运算（{ops}），从{from_leaves}通向 {root}。",
+              title=title, n_ops=len(ops), ops=sep.join(shown) or tr("none", "无"), from_leaves=from_leaves,
+              root=g.root_name)
     if g.truncated:
         text += tr(" The nodes farther from the output are left out.", "离输出较远的节点没有画出。")
     if hot is not None:
-        text += tr(f" Highlighted: {_node_ref(g.nodes[hot])}, the node this step runs; the gradients it sends "
-                   "are written on its arrows (the text below gives them).",
-                   f"高亮的是这一步运行的节点 {_node_ref(g.nodes[hot])}；"
-                   "它送出的梯度写在箭头上（下方文字列出）。")
+        text += tr(" Highlighted: {node_ref}, the node this step runs; the gradients it sends are written on its "
+                   "arrows (the text below gives them).",
+                   "高亮的是这一步运行的节点 {node_ref}；它送出的梯度写在箭头上（下方文字列出）。",
+                   node_ref=_node_ref(g.nodes[hot]))
     return text
 
 
 def _picture(g: Graph, text: str, title: str, grads=None, hot=None, sent=None) -> GraphDrawing:
     """torchviz's graph rendered by Graphviz's ``dot`` where it can, else drawn by matplotlib."""
-    alt = graph_alt_text(g, tr(f"{title} ({g.note})", f"{title}（{g.note}）"), hot)
-    title, sent = tr(f"{title}\n({g.note})", f"{title}\n（{g.note}）"), sent or {}
+    alt = graph_alt_text(g, tr("{title} ({note})", "{title}（{note}）", title=title, note=g.note), hot)
+    title, sent = tr("{title}\n({note})", "{title}\n（{note}）", title=title, note=g.note), sent or {}
     labels = {n.id: "\n".join(_label(n, g.show_values, grads)) for n in g.nodes}
     src = None
     if not g.truncated:
@@ -236,5 +239,5 @@ def draw(
     (`show_values`), the tensors each op saved (`show_saved`), at most `max_nodes` nodes."""
     kw = dict(show_values=show_values, show_saved=show_saved, max_nodes=max_nodes)
     g = build_graph(tensor, params, **kw)
-    title = title or tr(f"autograd graph of {g.root_name}", f"{g.root_name} 的计算图")
+    title = title or tr("autograd graph of {root_name}", "{root_name} 的计算图", root_name=g.root_name)
     return _picture(g, _graph_text(g), title)

@@ -60,10 +60,13 @@ class Graph:
     @property
     def note(self) -> str:
         """How many nodes there are, and how many are shown."""
-        total = tr(f"{self.total:,} node" + ("" if self.total == 1 else "s"), f"{self.total:,} 个节点")
+        if self.total == 1:
+            total = tr("{total:,} node", "{total:,} 个节点", total=self.total)
+        else:
+            total = tr("{total:,} nodes", "{total:,} 个节点", total=self.total)
         shown = sum(n.kind in ("op", "leaf") for n in self.nodes)
-        more = tr(f"{total}; showing the {shown:,} nearest the output",
-                  f"{total}，只显示离输出最近的 {shown:,} 个")
+        more = tr("{total}; showing the {shown:,} nearest the output", "{total}，只显示离输出最近的 {shown:,} 个",
+                  total=total, shown=shown)
         return more if self.truncated else total
 
 
@@ -202,7 +205,7 @@ def _fmt_values(t: torch.Tensor | None) -> str | None:
 
 def _node_ref(n: GraphNode) -> str:
     if n.kind == "leaf":
-        return tr(f"#{n.id} leaf {n.name or '(unnamed)'}", f"#{n.id} 叶子张量 {n.name or '(未命名)'}")
+        return tr("#{id} leaf {name}", "#{id} 叶子张量 {name}", id=n.id, name=n.name or tr("(unnamed)", "(未命名)"))
     return f"#{n.id} {n.op}" + (f" ({n.name})" if n.name else "")
 
 
@@ -216,14 +219,17 @@ def _label(n: GraphNode, show_values: bool, grads: Mapping | None = None) -> lis
         parts = [f"{_node_ref(n)} {shape}"]
     elif n.kind == "saved":
         who = f" = {n.name}" if n.name else ""
-        saved = tr(f"#{n.id} saved by #{n.saved_for}: {n.op}{who}", f"#{n.id} 由 #{n.saved_for} 保存：{n.op}{who}")
+        saved = tr("#{id} saved by #{saved_for}: {op}{who}",
+                   "#{id} 由 #{saved_for} 保存：{op}{who}",
+                   id=n.id, saved_for=n.saved_for, op=n.op, who=who)
         parts = [saved, shape or tr("(freed)", "(已释放)")]
     elif n.kind == "more":
-        return [tr(f"#{n.id} ... {n.hidden:,} more nodes not shown",
-                   f"#{n.id} ……另有 {n.hidden:,} 个节点未显示")]
+        return [tr("#{id} ... {hidden:,} more nodes not shown", "#{id} ……另有 {hidden:,} 个节点未显示",
+                   id=n.id, hidden=n.hidden)]
     else:
-        parts = [tr(f"#{n.id} {n.name or 'tensor'} {shape}: no grad_fn, autograd recorded nothing",
-                    f"#{n.id} {n.name or '张量'} {shape}：没有 grad_fn，autograd 什么也没有记录")]
+        parts = [tr("#{id} {name} {shape}: no grad_fn, autograd recorded nothing",
+                    "#{id} {name} {shape}：没有 grad_fn，autograd 什么也没有记录",
+                    id=n.id, name=n.name or tr("tensor", "张量"), shape=shape)]
     if show_values:
         no_grad = t is None or n.kind == "saved" or (t.grad_fn is not None and not t.retains_grad)
         grad = grads.get(n.id) if grads is not None else None if no_grad else _fmt_values(t.grad)
@@ -232,7 +238,8 @@ def _label(n: GraphNode, show_values: bool, grads: Mapping | None = None) -> lis
 
 
 def _graph_text(g: Graph) -> str:
-    lines = [tr(f"autograd graph of {g.root_name}: {g.note}", f"{g.root_name} 的计算图：{g.note}")]
+    lines = [tr("autograd graph of {root_name}: {note}", "{root_name} 的计算图：{note}",
+                root_name=g.root_name, note=g.note)]
     if len(g.nodes) > 1:
         lines[0] += tr(" (backward starts at #0; '<-' lists a node's inputs)",
                        "（反向传播从 #0 开始；“<-” 后面是节点的输入）")

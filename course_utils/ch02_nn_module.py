@@ -19,7 +19,7 @@ from .ch02_mini import (  # noqa: F401  (re-exported: the chapter's names stay i
     MiniReLU,
 )
 from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
-from .i18n import pad, text_width, tr
+from .i18n import table, text_width, tr
 
 # --------------------------------------------------------------------------- summary
 
@@ -54,17 +54,14 @@ def summary(model: nn.Module, example_input: Tensor) -> str:
         model.train(was_training)
 
     head = (tr("Layer (type)", "层（类型）"), tr("Output shape", "输出形状"), tr("Param #", "参数量"))
-    table = [head, *rows.values()]
-    w0, w1, w2 = (max(text_width(row[i]) for row in table) for i in range(3))
-    w2 = max(w2, 11)
-    lines = [f"{pad(a, w0)}  {pad(b, w1)}  {pad(c, w2, right=True)}" for a, b, c in table]
-    rule = "-" * (w0 + w1 + w2 + 4)
+    lines = table([head, *rows.values()], align="<<>", widths=(0, 0, 11))
+    rule = "-" * text_width(lines[0])
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     totals = [
-        tr(f"Total params: {total:,}", f"参数总数：{total:,}"),
-        tr(f"Trainable params: {trainable:,}", f"可训练参数：{trainable:,}"),
-        tr(f"Non-trainable params: {total - trainable:,}", f"不可训练参数：{total - trainable:,}"),
+        tr("Total params: {total:,}", "参数总数：{total:,}", total=total),
+        tr("Trainable params: {trainable:,}", "可训练参数：{trainable:,}", trainable=trainable),
+        tr("Non-trainable params: {value:,}", "不可训练参数：{value:,}", value=total - trainable),
     ]
     return "\n".join([rule, lines[0], "=" * len(rule), *lines[1:], "=" * len(rule), *totals, rule])
 
@@ -83,14 +80,11 @@ def format_stats(stats: dict[str, dict[str, Any]]) -> str:
     """Per-layer statistics as a table (with the gradient norms when every layer has one)."""
     labels = [f"{name} ({s['kind']})" for name, s in stats.items()]
     layer, grad = tr("layer", "层"), all("grad" in s for s in stats.values())
-    w = max(map(text_width, [layer, *labels]))
-    heads = [(tr("mean", "均值"), 8), (tr("std", "标准差"), 8), (tr("zeros", "零值"), 6)]
-    heads += [(tr("grad norm", "梯度范数"), 10)] if grad else []
-    lines = [pad(layer, w) + "".join(f"  {pad(h, n, right=True)}" for h, n in heads)]
-    for label, s in zip(labels, stats.values(), strict=True):
-        line = f"{pad(label, w)}  {s['mean']:8.4f}  {s['std']:8.4f}  {s['zeros']:6.1%}"
-        lines.append(line + (f"  {s['grad']:10.3e}" if grad else ""))
-    return "\n".join(lines)
+    heads = [layer, tr("mean", "均值"), tr("std", "标准差"), tr("zeros", "零值")]
+    heads += [tr("grad norm", "梯度范数")] if grad else []
+    rows = [[label, f"{s['mean']:.4f}", f"{s['std']:.4f}", f"{s['zeros']:.1%}", *([f"{s['grad']:.3e}"] if grad else [])]
+            for label, s in zip(labels, stats.values(), strict=True)]
+    return "\n".join(table([heads, *rows], align="<>>>>", widths=(0, 8, 8, 6, 10)))
 
 
 def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
@@ -156,7 +150,7 @@ def _default_names() -> tuple[str, str]:
 def scheme_name(scheme: str) -> str:
     """An initialisation scheme's name in the course's language (``PyTorch default`` is ``PyTorch 默认``
     in Chinese; the others are formulas); the name of either language is accepted."""
-    return tr(*_default_names()) if scheme in _default_names() else scheme
+    return tr("PyTorch default", "PyTorch 默认") if scheme in _default_names() else scheme
 
 
 def __getattr__(name: str) -> Any:
@@ -302,8 +296,9 @@ def show_model_builder(
     """Print the builder's view (summary, count against the formula, statistics) and draw it."""
     model, stats = model_builder(depth, width, activation, dropout, norm, x=x)
     n, formula = sum(p.numel() for p in model.parameters()), mlp_param_formula(depth, width, norm)
-    count = tr(f"parameters: {n:,} ({'matches' if n == formula else 'DOES NOT match'} the formula: {formula:,})",
-               f"参数量：{n:,}（{'与公式一致' if n == formula else '与公式不一致'}：{formula:,}）")
+    verdict = tr("matches", "与公式一致") if n == formula else tr("DOES NOT match", "与公式不一致")
+    count = tr("parameters: {n:,} ({verdict} the formula: {formula:,})", "参数量：{n:,}（{verdict}：{formula:,}）",
+               n=n, verdict=verdict, formula=formula)
     print(
         f"depth={depth} width={width} activation={activation} dropout={dropout:.2f} norm={norm}\n"
         f"{summary(model, torch.zeros(1, 784))}\n{count}\n\n"
@@ -311,9 +306,9 @@ def show_model_builder(
              "激活统计量（初始化时，在训练模式下做一次前向传播）：")
         + f"\n{format_stats(stats)}"
     )
-    title = tr(f"{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}",
-               f"{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，"
-               f"归一化：{_norm_name(norm)}")
+    title = tr("{depth} hidden layers of {width}, {activation}, dropout {dropout:.2f}, norm: {norm}",
+               "{depth} 个宽度为 {width} 的隐藏层，{activation}，dropout {dropout:.2f}，归一化：{norm}",
+               depth=depth, width=width, activation=activation, dropout=dropout, norm=_norm_name(norm))
     show_figure(plot_activation_stats(stats, title))
 
 

@@ -102,13 +102,14 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     start = sum(len(b) for b in view.batches[: view.batch])
     ax.scatter(range(len(order)), order, s=2, color="0.6", label=tr("epoch order", "该 epoch 的顺序"))
     ax.scatter(range(start, start + k), view.indices, s=10, color=COLORS["vermilion"],
-               label=tr(f"batch {view.batch}", f"批次 {view.batch}"))
+               label=tr("batch {batch}", "批次 {batch}", batch=view.batch))
     ax.set(xlabel=tr("position in the epoch", "在该 epoch 中的位置"),
            ylabel=tr("dataset index", "数据集索引"))
     ax.legend(loc="upper left", fontsize=7)
     b, n = view.batch, len(view.batches)
-    title = tr(f"{view.sampler}, epoch {view.epoch}: batch {b} of {n} ({k} images)",
-               f"{view.sampler}，epoch {view.epoch}：第 {b} 个批次，共 {n} 个（{k} 张图像）")
+    title = tr("{sampler}, epoch {epoch}: batch {b} of {n} ({k} images)",
+               "{sampler}，epoch {epoch}：第 {b} 个批次，共 {n} 个（{k} 张图像）",
+               sampler=view.sampler, epoch=view.epoch, b=b, n=n, k=k)
     fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     labels = ", ".join(str(classes[v] if classes else v) for v in view.labels)
     return describe_figure(
@@ -141,9 +142,9 @@ def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:
         try:
             view = batch_view(labels, **kw)
         except ValueError as exc:
-            print(tr(f"DataLoader would refuse this: {exc}", f"DataLoader 会拒绝这种组合：{exc}"))
+            print(tr("DataLoader would refuse this: {exc}", "DataLoader 会拒绝这种组合：{exc}", exc=exc))
             return
-        print(tr(f"indices: {view.indices}", f"索引：{view.indices}"))
+        print(tr("indices: {indices}", "索引：{indices}", indices=view.indices))
         show_figure(draw_batch_view(view, images))
 
     ctl = list(controls.values())

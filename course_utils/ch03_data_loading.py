@@ -95,7 +95,7 @@ class DigitRecords(Dataset):
         info = get_worker_info()
         self.file = open(self.path, "rb")  # kept open for the life of the process
         self.opened_by = (tr("main process", "主进程") if info is None
-                          else tr(f"worker {info.id}", f"{info.id} 号 worker"))
+                          else tr("worker {id}", "{id} 号 worker", id=info.id))
 
     def close(self) -> None:
         """Close this process's handle, if it has one."""

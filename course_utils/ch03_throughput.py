@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .device import busy_warning, one_main_thread
 from .figures import describe_figure, pyplot
-from .i18n import language, pad, text_width, tr
+from .i18n import table, text_width, tr
 
 
 class _WithIndex(Dataset):
@@ -99,16 +99,16 @@ def measure_throughput(
 def format_runs(runs: Sequence[LoaderRun]) -> str:
     """A table: workers, start-up, median epoch, images/s, speed-up over 0 workers, spread, once."""
     zero = [r.items_per_s for r in runs if r.num_workers == 0]
-    zh = ("worker", "首批秒数", "epoch 中位秒数", "图像/秒", "相对 0", "波动", "每张恰好一次")
-    head = tr("workers 1st batch s median epoch s  images/s  x vs 0  spread  once",
-              " ".join(pad(h, w, right=True) for h, w in zip(zh, (7, 11, 14, 9, 7, 7, 12), strict=True)))
-    lines, width = [head, "-" * text_width(head)], 12 if language() == "zh-CN" else 5
+    head = (tr("workers", "worker"), tr("1st batch s", "首批秒数"), tr("median epoch s", "epoch 中位秒数"),
+            tr("images/s", "图像/秒"), tr("x vs 0", "相对 0"), tr("spread", "波动"), tr("once", "每张恰好一次"))
+    rows = [head]
     for r in runs:
-        speed = f"{r.items_per_s / zero[0]:7.2f}" if zero else f"{'-':>7}"
+        speed = f"{r.items_per_s / zero[0]:.2f}" if zero else "-"
         once = tr("yes", "是") if r.each_item_once else tr("NO", "否")
-        lines.append(f"{r.num_workers:>7} {r.first_batch_s:11.3f} {r.median_s:14.3f} "
-                     f"{r.items_per_s:9.1f} {speed} {r.spread:7.0%} {pad(once, width, right=True)}")
-    return "\n".join(lines)
+        rows.append((r.num_workers, f"{r.first_batch_s:.3f}", f"{r.median_s:.3f}", f"{r.items_per_s:.1f}", speed,
+                     f"{r.spread:.0%}", once))
+    lines = table(rows, align=">" * 7, sep=" ", widths=(7, 11, 14, 9, 7, 7, 5))
+    return "\n".join([lines[0], "-" * text_width(lines[0]), *lines[1:]])
 
 
 def curve_summary(runs: Sequence[LoaderRun], cores: int, load: float | None) -> str:
@@ -117,28 +117,33 @@ def curve_summary(runs: Sequence[LoaderRun], cores: int, load: float | None) -> 
     enough = min(r.num_workers for r in runs if r.items_per_s >= 0.95 * best.items_per_s)
     zero = [r for r in runs if r.num_workers == 0]
     times = best.items_per_s / zero[0].items_per_s if zero else 0.0
-    gain = tr(f", {times:.2f}x the main process alone", f"，是只用主进程时的 {times:.2f} 倍") if zero else ""
-    where = "below" if best.num_workers < cores else "at" if best.num_workers == cores else "above"
-    than = {"below": "少于", "at": "等于", "above": "多于"}[where]
+    gain = tr(", {times:.2f}x the main process alone", "，是只用主进程时的 {times:.2f} 倍", times=times) if zero else ""
+    if best.num_workers < cores:
+        than = tr("below", "少于")
+    elif best.num_workers == cores:
+        than = tr("at", "等于")
+    else:
+        than = tr("above", "多于")
     slow, spread = max(runs, key=lambda r: r.first_batch_s), max(r.spread for r in runs)
     lines = [
-        tr(f"Fastest here: num_workers={best.num_workers} at {best.items_per_s:.1f} images/s{gain}; "
-           f"that is {where} this machine's {cores} cores.",
-           f"这里最快的是 num_workers={best.num_workers}，每秒 {best.items_per_s:.1f} 张图像{gain}；"
-           f"这个 worker 数{than}本机的 {cores} 个核心。"),
-        tr(f"The smallest num_workers within 5% of the fastest: {enough}.",
-           f"与最快速度相差不到 5% 的最小 num_workers：{enough}。"),
-        tr(f"The repeats of one setting differed by up to {spread:.0%} of their median: "
-           "differences smaller than that are noise.",
-           "同一设置的各次重复之间最多相差其中位数的 "
-           f"{spread:.0%}：比这更小的差异都是噪声。"),
-        tr(f"Start-up: the first batch took up to {slow.first_batch_s:.3f} s (num_workers={slow.num_workers}), "
-           "paid once per loader with persistent workers.",
-           f"启动开销：第一个批次最多用了 {slow.first_batch_s:.3f} "
-           f"秒（num_workers={slow.num_workers}），"
-           "在 persistent_workers=True 时，每个加载器只付出一次。"),
+        tr("Fastest here: num_workers={num_workers} at {items_per_s:.1f} images/s{gain}; that is {than} this "
+           "machine's {cores} cores.",
+           "这里最快的是 num_workers={num_workers}，每秒 {items_per_s:.1f} 张图像{gain}；这个 worker 数{than}本机的 "
+           "{cores} 个核心。",
+           num_workers=best.num_workers, items_per_s=best.items_per_s, gain=gain, than=than, cores=cores),
+        tr("The smallest num_workers within 5% of the fastest: {enough}.",
+           "与最快速度相差不到 5% 的最小 num_workers：{enough}。", enough=enough),
+        tr("The repeats of one setting differed by up to {spread:.0%} of their median: differences smaller than that "
+           "are noise.",
+           "同一设置的各次重复之间最多相差其中位数的 {spread:.0%}：比这更小的差异都是噪声。",
+           spread=spread),
+        tr("Start-up: the first batch took up to {first_batch_s:.3f} s (num_workers={num_workers}), paid once per "
+           "loader with persistent workers.",
+           "启动开销：第一个批次最多用了 {first_batch_s:.3f} 秒（num_workers={num_workers}），在 "
+           "persistent_workers=True 时，每个加载器只付出一次。",
+           first_batch_s=slow.first_batch_s, num_workers=slow.num_workers),
     ]
-    if where == "above":
+    if best.num_workers > cores:
         lines.append(tr("More workers than cores won here: check the load average; on a busy machine "
                         "extra processes take CPU from the neighbours.",
                         "这里 worker 数多于核心数时反而最快："
@@ -152,11 +157,11 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
     plt = pyplot()
 
     mine = {r.num_workers: r.items_per_s for r in runs}
-    curves = {tr(f"this machine ({cores} cores)", f"本机（{cores} 个核心）"): (cores, mine)}
+    curves = {tr("this machine ({cores} cores)", "本机（{cores} 个核心）", cores=cores): (cores, mine)}
     if reference is not None:
         m, points = reference["machine"], reference["points"]
-        label = tr(f"reference ({m['cores']} cores, load {m['load_average_before']})",
-                   f"参考（{m['cores']} 个核心，负载 {m['load_average_before']}）")
+        label = tr("reference ({m} cores, load {m2})", "参考（{m} 个核心，负载 {m2}）",
+                   m=m['cores'], m2=m['load_average_before'])
         curves[label] = (m["cores"], {p["num_workers"]: p["images_per_s"] for p in points})
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for k, (label, (c, xy)) in enumerate(curves.items()):

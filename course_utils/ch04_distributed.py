@@ -7,7 +7,7 @@ an index dropped. The records come from the scripts of ``notebooks/scripts/`` (`
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,10 @@ def _boxes(ax: Any, rows: Sequence[Sequence[tuple]], labels: Sequence[str]) -> N
     ax.tick_params(axis="x", length=0)
 
 
-def _rank_legend(fig: Any, world: int, label: str, *extra: tuple[str, str]) -> None:
+def _rank_legend(fig: Any, world: int, label: Callable[[int], str], *extra: tuple[str, str]) -> None:
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=f"C{r % 10}", label=label.format(r)) for r in range(world)]
+    handles = [Patch(color=f"C{r % 10}", label=label(r)) for r in range(world)]
     handles += [Patch(color=color, label=text) for color, text in extra]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
 
@@ -83,13 +83,13 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
     for r, share in enumerate(shares):
         print(f"  rank {r}: {share}")
     k = len(shares[0])
-    note = tr(f"each rank reads {k} indices per epoch", f"每个 rank 每个 epoch 读取 {k} 个索引")
+    note = tr("each rank reads {k} indices per epoch", "每个 rank 每个 epoch 读取 {k} 个索引", k=k)
     if len(order) > n:
-        note += tr(f"; {len(order) - n} padded (repeated from the start of the order)",
-                   f"；其中 {len(order) - n} 个是填充（从顺序开头重复取的）")
+        note += tr("; {value} padded (repeated from the start of the order)",
+                   "；其中 {value} 个是填充（从顺序开头重复取的）", value=len(order) - n)
     if dropped:
         d = len(dropped)
-        note += tr(f"; {d} dropped this epoch: {dropped}", f"；本 epoch 丢弃了 {d} 个：{dropped}")
+        note += tr("; {d} dropped this epoch: {dropped}", "；本 epoch 丢弃了 {d} 个：{dropped}", d=d, dropped=dropped)
     print("  " + note)
 
     top = [(p, str(i), f"C{p % world_size % 10}", p >= n) for p, i in enumerate(order)]
@@ -98,16 +98,17 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
                     for r, s in enumerate(shares)]
     width = min(12.0, 2.6 + 0.5 * max(len(order), n))
     fig, ax = plt.subplots(figsize=(width, 1.4 + 0.45 * (world_size + 1.5)))
-    order_label = (tr(f"order (seed {seed}+{epoch})", f"顺序（种子 {seed}+{epoch}）") if shuffle
+    order_label = (tr("order (seed {seed}+{epoch})", "顺序（种子 {seed}+{epoch}）", seed=seed, epoch=epoch) if shuffle
                    else tr("order (no shuffle)", "顺序（不打乱）"))
     _boxes(ax, rows, [order_label] + [f"rank {r}" for r in range(world_size)])
     ax.set_xticks([])
     ax.set_xlabel(tr("position in the epoch (hatched: padding, a repeated index; grey: dropped)",
                      "在该 epoch 中的位置（斜线：填充，即重复的索引；灰色：丢弃）"))
-    ax.set_title(tr(f"DistributedSampler: {n} items, {world_size} ranks, epoch {epoch}, "
-                    f"shuffle={shuffle}, drop_last={drop_last}",
-                    f"DistributedSampler：{n} 个样本，{world_size} 个 rank，epoch {epoch}，"
-                    f"shuffle={shuffle}，drop_last={drop_last}"), fontsize=10)
+    ax.set_title(tr("DistributedSampler: {n} items, {world_size} ranks, epoch {epoch}, shuffle={shuffle}, "
+                    "drop_last={drop_last}",
+                    "DistributedSampler：{n} 个样本，{world_size} 个 rank，epoch {epoch}，shuffle={shuffle}，"
+                    "drop_last={drop_last}",
+                    n=n, world_size=world_size, epoch=epoch, shuffle=shuffle, drop_last=drop_last), fontsize=10)
     fig.tight_layout()
     title = " ".join(ax.get_title().split())
     return describe_figure(
@@ -134,9 +135,11 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
         _boxes(ax, rows, [f"epoch {e}" for e in range(epochs)])
         ax.set_xticks([i + 0.45 for i in range(n)], [str(i) for i in range(n)])
         ax.set_xlabel(tr("item of the data set", "数据集中的样本"))
-        ax.set_title(tr(f"DistributedSampler {mode}",
-                        f"DistributedSampler（{'调用' if mode == modes[0] else '不调用'} set_epoch）"))
-    _rank_legend(fig, len(records), tr("read by rank {}", "由 rank {} 读取"))
+        if mode == modes[0]:
+            ax.set_title(tr("DistributedSampler with set_epoch", "DistributedSampler（调用 set_epoch）"))
+        else:
+            ax.set_title(tr("DistributedSampler without set_epoch", "DistributedSampler（不调用 set_epoch）"))
+    _rank_legend(fig, len(records), lambda r: tr("read by rank {r}", "由 rank {r} 读取", r=r))
     fig.suptitle(tr("Who reads which item (number: position in that rank's epoch)",
                     "谁读取了哪个样本（数字：在该 rank 的 epoch 中的位置）"))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
@@ -183,11 +186,11 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
         ax.set_xlim(-0.1, after_x + after_w + 0.1)
         ax.set_xticks([before_w / 2, after_x + len(after) / 2], [tr("before", "调用前"), tr("after", "调用后")])
         effect = collective_effect(name)
-        ax.set_title(tr(f"{name}: {effect}", f"{name}：{effect}"), fontsize=10, loc="left")
+        ax.set_title(tr("{name}: {effect}", "{name}：{effect}", name=name, effect=effect), fontsize=10, loc="left")
     summed = (GREY, tr("a sum over all ranks", "所有 rank 之和"))
-    _rank_legend(fig, world, tr("rank {}'s data", "rank {} 的数据"), summed)
-    fig.suptitle(tr(f"Collectives on {world} real processes: what each rank holds before and after",
-                    f"在 {world} 个真实进程上运行集合通信：每个 rank 调用前后持有的数据"))
+    _rank_legend(fig, world, lambda r: tr("rank {r}'s data", "rank {r} 的数据", r=r), summed)
+    fig.suptitle(tr("Collectives on {world} real processes: what each rank holds before and after",
+                    "在 {world} 个真实进程上运行集合通信：每个 rank 调用前后持有的数据", world=world))
     fig.tight_layout(rect=(0, 0.04, 1, 1))
 
     def held(sep: str, arrow: str) -> str:
@@ -213,7 +216,8 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
         for r, shapes in enumerate(local):
             k = min(int(shapes[name][0]), rows - start)
             ax.barh(i, k / rows, left=start / rows, color=f"C{r % 10}", edgecolor="black")
-            text = tr(f"rank {r}: rows {start}-{start + k - 1}", f"rank {r}：第 {start}-{start + k - 1} 行")
+            text = tr("rank {r}: rows {start}-{value}", "rank {r}：第 {start}-{value} 行",
+                      r=r, start=start, value=start + k - 1)
             ax.text((start + k / 2) / rows, i, text, ha="center", va="center", color=_ink(f"C{r % 10}"), size=8)
             start += k
     ax.set_yticks(range(len(full)), [f"{name} {list(shape)}" for name, shape in full.items()])

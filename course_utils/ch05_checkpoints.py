@@ -77,11 +77,11 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
         cause = _os_error(exc) if isinstance(exc, Exception) else None
         if cause is None:
             raise
-        kept = tr(f"the previous {path.name} is unchanged",
-                  f"原来的 {path.name} 保持不变") if path.exists() else ""
-        raise OSError(cause.errno, tr(f"could not write {path.name} in {path.parent}: {cause.strerror or cause}",
-                                      f"无法在 {path.parent} 中写入 {path.name}：{cause.strerror or cause}")
-                      + (tr(f"; {kept}", f"；{kept}") if kept else "")) from None
+        kept = tr("the previous {name} is unchanged", "原来的 {name} 保持不变", name=path.name) if path.exists() else ""
+        raise OSError(cause.errno, tr("could not write {name} in {parent}: {value}",
+                                      "无法在 {parent} 中写入 {name}：{value}",
+                                      name=path.name, parent=path.parent, value=cause.strerror or cause)
+                      + (tr("; {kept}", "；{kept}", kept=kept) if kept else "")) from None
     if hasattr(os, "O_DIRECTORY"):  # POSIX: fsync the folder too, so the rename itself is durable
         fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -149,19 +149,16 @@ def load_checkpoint(
     except Exception as exc:
         # Not PyTorch's message: for a file that is not a checkpoint it suggests weights_only=False.
         raise CheckpointError(tr(
-            f"the checkpoint {path.name} cannot be read ({type(exc).__name__}) in {path.parent}: "
-            "it is truncated (a run that crashed while saving without atomic_save) or not a "
-            "checkpoint at all. Move it away (or delete it) to start again from scratch, or start "
-            "a fresh run with --no-resume (the earlier run's files are kept in previous-N/) or another "
-            "--out-dir. Do not load it with "
-            "weights_only=False: a file that is not what you expect can run code when unpickled.",
-            f"检查点 {path.name} 无法读取（{type(exc).__name__}），位于 {path.parent}："
-            "它被截断了（某次运行在保存时崩溃，而保存没有用 "
-            "atomic_save），或者根本不是检查点。"
-            "把它移走（或删除）即可从头开始；也可以用 --no-resume "
-            "开始一次新的运行（之前运行的文件保留在 "
-            "previous-N/ 中），或者换一个 --out-dir。不要用 weights_only=False 加载它："
-            "一个不是你所预期的文件，在反序列化（unpickle）时可能会运行代码。"
+            "the checkpoint {name} cannot be read ({name2}) in {parent}: it is truncated (a run that crashed "
+            "while saving without atomic_save) or not a checkpoint at all. Move it away (or delete it) to start "
+            "again from scratch, or start a fresh run with --no-resume (the earlier run's files are kept in "
+            "previous-N/) or another --out-dir. Do not load it with weights_only=False: a file that is not what you "
+            "expect can run code when unpickled.",
+            "检查点 {name} 无法读取（{name2}），位于 {parent}：它被截断了（某次运行在保存时崩溃，而保存没有用 "
+            "atomic_save），或者根本不是检查点。把它移走（或删除）即可从头开始；也可以用 --no-resume "
+            "开始一次新的运行（之前运行的文件保留在 previous-N/ 中），或者换一个 --out-dir。不要用 "
+            "weights_only=False 加载它：一个不是你所预期的文件，在反序列化（unpickle）时可能会运行代码。",
+            name=path.name, name2=type(exc).__name__, parent=path.parent
         )) from None
     if config is not None:
         saved = ckpt.get("config", {})
@@ -210,14 +207,12 @@ def read_metrics(path: str | os.PathLike, torn: list[str] | None = None) -> list
                     torn.append(line)
                 break
             raise CheckpointError(tr(
-                f"line {number} of {path.name} in {path.parent} is not a metrics row ({line[:40]!r}): the file "
-                "was damaged or edited. Move it away (or delete it) to resume without the earlier rows, or start "
-                "a fresh run with --no-resume (the earlier run's files are kept in previous-N/) or another --out-dir.",
-                f"{path.parent} 中 {path.name} 的第 {number} "
-                f"行不是一行指标（{line[:40]!r}）：文件已损坏或被改动过。"
-                "把它移走（或删除），就能在没有之前各行的情况下恢复训练；也可以用 "
-                "--no-resume 重新开始"
-                "（之前那次运行的文件会保留在 previous-N/ 中），"
-                "或者换一个 --out-dir。")) from None
+                "line {number} of {name} in {parent} is not a metrics row ({line!r}): the file was damaged or "
+                "edited. Move it away (or delete it) to resume without the earlier rows, or start a fresh run with "
+                "--no-resume (the earlier run's files are kept in previous-N/) or another --out-dir.",
+                "{parent} 中 {name} 的第 {number} 行不是一行指标（{line!r}）：文件已损坏或被改动过。"
+                "把它移走（或删除），就能在没有之前各行的情况下恢复训练；也可以用 --no-resume "
+                "重新开始（之前那次运行的文件会保留在 previous-N/ 中），或者换一个 --out-dir。",
+                number=number, name=path.name, parent=path.parent, line=line[:40])) from None
         rows.append(row)
     return rows

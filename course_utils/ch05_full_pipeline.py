@@ -62,23 +62,24 @@ def load_splits(val_fraction: float = 0.1, seed: int = 0) -> Splits:
 
 def padding_report(n: int = 359, world_size: int = 2) -> str:
     """How ``DistributedSampler`` and ``ShardSampler`` split ``n`` samples over ranks."""
-    lines = [tr(f"{n} samples over {world_size} ranks", f"{n} 个样本分给 {world_size} 个 rank")]
+    lines = [tr("{n} samples over {world_size} ranks", "{n} 个样本分给 {world_size} 个 rank",
+                n=n, world_size=world_size)]
     seen: list[int] = []
     for r in range(world_size):
         idx = list(DistributedSampler(range(n), num_replicas=world_size, rank=r, shuffle=False))
         seen += idx
         k, shard = len(idx), len(ShardSampler(n, r, world_size))
-        lines.append(tr(f"  rank {r}: DistributedSampler {k:>4} samples | ShardSampler {shard:>4} samples",
-                        f"  rank {r}：DistributedSampler {k:>4} 个样本 | ShardSampler {shard:>4} 个样本"))
+        lines.append(tr("  rank {r}: DistributedSampler {k:>4} samples | ShardSampler {shard:>4} samples",
+                        "  rank {r}：DistributedSampler {k:>4} 个样本 | ShardSampler {shard:>4} 个样本",
+                        r=r, k=k, shard=shard))
     twice, per_rank = len(seen) - len(set(seen)), math.ceil(n / world_size)
     lines.append(tr(
-        f"DistributedSampler: {len(seen)} evaluated, {twice} counted twice "
-        f"({per_rank} x {world_size} - {n})",
-        f"DistributedSampler：评估了 {len(seen)} 个，其中 {twice} 个被算了两次（{per_rank} x "
-        f"{world_size} - {n}）",
+        "DistributedSampler: {n_seen} evaluated, {twice} counted twice ({per_rank} x {world_size} - {n})",
+        "DistributedSampler：评估了 {n_seen} 个，其中 {twice} 个被算了两次（{per_rank} x {world_size} - {n}）",
+        n_seen=len(seen), twice=twice, per_rank=per_rank, world_size=world_size, n=n,
     ))
     label = pad(tr("ShardSampler:", "ShardSampler："), text_width(tr("DistributedSampler:", "DistributedSampler：")))
-    lines.append(label + tr(f" {n} evaluated, 0 counted twice", f"评估了 {n} 个，其中 0 个被算了两次"))
+    lines.append(label + tr(" {n} evaluated, 0 counted twice", "评估了 {n} 个，其中 0 个被算了两次", n=n))
     return "\n".join(lines)
 
 
@@ -132,11 +133,11 @@ def hold_out_dir(out: str | os.PathLike) -> _Held:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise CheckpointError(tr(
-            f"another run is using {out} right now (process {holder}): two runs in one folder would mix their "
+            "another run is using {out} right now (process {holder}): two runs in one folder would mix their "
             "checkpoints and metrics. Wait for it to finish (or stop it), or give this run another --out-dir.",
-            f"另一次运行正在使用 {out}（进程 {holder}）：两次运行共用一个文件夹，"
-            "会把各自的检查点和指标混在一起。"
-            "请等它结束（或停止它），或者给这次运行换一个 --out-dir。")) from None
+            "另一次运行正在使用 {out}（进程 {holder}）：两次运行共用一个文件夹，会把各自的检查点和指标混在一起。"
+            "请等它结束（或停止它），或者给这次运行换一个 --out-dir。",
+            out=out, holder=holder)) from None
     except OSError:  # a filesystem without locks
         os.close(fd)
         return _Held(None)

@@ -35,7 +35,7 @@ from .ch06_training import (  # noqa: F401  (re-exported: the chapter's names st
 )
 from .dist import single_process_group
 from .figures import describe_figure, pyplot
-from .i18n import language, pad, spaced, text_width, tr
+from .i18n import language, table, tr
 from .models import MLP
 
 # ---------------------------------------------------------------------------------------------
@@ -101,18 +101,20 @@ class PitfallLedger:
         self.rows[key] = (title, measure, _fmt(bug), _fmt(fix), ok)
         if not bug_seen:
             raise AssertionError(tr(
-                f"{title}: the bug did not happen ({measure} = {_fmt(bug)}), so this demonstration "
-                "shows nothing. Did a PyTorch upgrade change this behaviour? Re-read the explanation.",
-                f"{title}：bug 没有出现（{measure} = {_fmt(bug)}），所以这个演示什么也说明不了。"
-                "是不是 PyTorch 升级改变了这一行为？请重读上面的解释。"
+                "{title}: the bug did not happen ({measure} = {fmt}), so this demonstration shows nothing. Did a "
+                "PyTorch upgrade change this behaviour? Re-read the explanation.",
+                "{title}：bug 没有出现（{measure} = {fmt}），所以这个演示什么也说明不了。是不是 PyTorch "
+                "升级改变了这一行为？请重读上面的解释。",
+                title=title, measure=measure, fmt=_fmt(bug)
             ))
         if not fixed:
-            raise AssertionError(tr(f"{title}: the fix did not work ({measure} = {_fmt(fix)}).",
-                                    f"{title}：修复没有奏效（{measure} = {_fmt(fix)}）。"))
+            raise AssertionError(tr("{title}: the fix did not work ({measure} = {fmt}).",
+                                    "{title}：修复没有奏效（{measure} = {fmt}）。",
+                                    title=title, measure=measure, fmt=_fmt(fix)))
         bug, fix = _fmt(bug), _fmt(fix)
-        print(tr(f"{title}: {measure}: with the bug {bug}, fixed {fix} (bug reproduced; fix works)",
-                 spaced(f"{title}：{measure}：有 bug 时", bug) + "，" + spaced("修复后", fix)
-                 + "。bug 已复现，修复有效。"))
+        print(tr("{title}: {measure}: with the bug {bug}, fixed {fix} (bug reproduced; fix works)",
+                 "{title}：{measure}：有 bug 时{bug}，修复后{fix}。bug 已复现，修复有效。",
+                 title=title, measure=measure, bug=bug, fix=fix))
 
     @contextlib.contextmanager
     def expect_error(
@@ -127,20 +129,19 @@ class PitfallLedger:
         except error as exc:
             if confirm is not None and not confirm(exc):
                 raise AssertionError(tr(
-                    f"{key}: the expected {type(exc).__name__} happened, but not for the reason this "
-                    f"lesson shows: {exc}",
-                    f"{key}：预期的 {type(exc).__name__} 出现了，"
-                    f"但原因不是本节要展示的那个：{exc}"
+                    "{key}: the expected {name} happened, but not for the reason this lesson shows: {exc}",
+                    "{key}：预期的 {name} 出现了，但原因不是本节要展示的那个：{exc}",
+                    key=key, name=type(exc).__name__, exc=exc
                 )) from exc
             self.errors[key] = exc
             raise
-        raise AssertionError(tr(f"{key}: expected {error.__name__}, but the code ran without error.",
-                                f"{key}：预期会出现 {error.__name__}，但代码运行时没有报错。"))
+        raise AssertionError(tr("{key}: expected {name}, but the code ran without error.",
+                                "{key}：预期会出现 {name}，但代码运行时没有报错。", key=key, name=error.__name__))
 
     def summary(self) -> str:
         """The closing line: how many pitfalls were reproduced and fixed."""
         n = sum(row[-1] == "pass" for row in self.rows.values())
-        return tr(f"{n} pitfalls reproduced and fixed", f"{n} 个误区均已复现并修复")
+        return tr("{n} pitfalls reproduced and fixed", "{n} 个误区均已复现并修复", n=n)
 
     @property
     def all_ok(self) -> bool:
@@ -153,10 +154,7 @@ class PitfallLedger:
         verdict = {"pass": tr("pass", "通过"), "FAIL": tr("FAIL", "失败")}
         rows = [head, *((str(i), *row[:-1], verdict[row[-1]])
                         for i, row in enumerate(self.rows.values(), 1))]
-        widths = [max(text_width(row[c]) for row in rows) for c in range(len(head))]
-        rows.insert(1, tuple("-" * w for w in widths))
-        lines = ("  ".join(pad(c, w) for c, w in zip(row, widths, strict=True)) for row in rows)
-        return "\n".join(line.rstrip() for line in lines)
+        return "\n".join(table(rows, rule="-"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +188,7 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(tr("sample index", "样本索引"))
         ax.set_xticks(range(0, n, 4))
-        labels = [tr(f"epoch {e}, rank {r}", f"epoch {e}，rank {r}")
+        labels = [tr("epoch {e}, rank {r}", "epoch {e}，rank {r}", e=e, r=r)
                   for e in range(epochs) for r in range(world_size)]
         ax.set_yticks(range(len(labels)), labels)
     fig.suptitle(
@@ -274,9 +272,7 @@ def flight_table(records: dict[int, list[dict[str, Any]]], last: int = 5) -> str
     ranks = sorted(by_seq)
     cells = [[str(s), *(by_seq[r].get(s, "-") for r in ranks)] for s in seqs]
     head = [tr("seq", "序号"), *(f"rank {r}" for r in ranks)]
-    widths = [max(text_width(row[c]) for row in [head, *cells]) for c in range(len(head))]
-    return "\n".join("  ".join(pad(c, w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in [head, *cells])
+    return "\n".join(table([head, *cells]))
 
 
 def touch_worker(rank: int, world_size: int, folder: str) -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .device import one_main_thread
 from .figures import COLORS, describe_figure, pyplot, show_figure, widget_callback
-from .i18n import pad, text_width, tr
+from .i18n import table, tr
 
 # ---------------------------------------------------------------------------------------------
 # Data, a short training run, the size of an autograd graph
@@ -219,7 +219,7 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
         smooth = np.convolve(run.train_loss, np.ones(5) / 5, mode="valid")  # moving average of 5
         ax1.plot(np.arange(5, len(run.train_loss) + 1), smooth, color=colour, label=name)
         ax2.plot(run.val_steps, run.val_loss, "o-", color=colour,
-                 label=tr(f"{name} (as reported)", f"{name}（报告值）"))
+                 label=tr("{name} (as reported)", "{name}（报告值）", name=name))
     ax1.set_title(tr("Training loss (moving average of 5 steps)", "训练损失（5 步滑动平均）"))
     ax2.set_title(tr("Validation loss", "验证损失"))
     worst = runs[-1][0]
@@ -230,8 +230,8 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
         ax.set_ylim(0, top)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(tr(f"Mistakes on: {', '.join(switch_label(m) for m in on) or 'none'}",
-                    f"打开的错误：{'；'.join(switch_label(m) for m in on) or '无'}"), fontsize=10)
+    labels = tr(", ", "；").join(switch_label(m) for m in on) or tr("none", "无")
+    fig.suptitle(tr("Mistakes on: {labels}", "打开的错误：{labels}", labels=labels), fontsize=10)
     fig.tight_layout()
     title = fig.get_suptitle()
     ends_en = "; ".join(f"{name}: training loss {run.train_loss[-1]:.3f} at the end, validation loss as "
@@ -251,15 +251,11 @@ def _summary_lines(rows: Sequence[tuple[str, SwitchboardRun]]) -> str:
     head = [tr("final train loss", "最终训练损失"), tr("reported val loss", "报告的验证损失"),
             tr("true val loss", "真实验证损失"), tr("true val acc", "真实验证准确率"),
             tr("steps in train()", "train() 模式步数")]
-    widths = [text_width(h) for h in head]
-    w = max(18, *(text_width(name) for name, _ in rows))
-    headings = (pad(h, c, right=True) for h, c in zip(head, widths, strict=True))
-    lines = [" ".join([pad(tr("run", "运行"), w), *headings])]
+    lines = [[tr("run", "运行"), *head]]
     for name, r in rows:
         losses = (r.train_loss[-1], r.val_loss[-1], r.final_val_loss_true, r.final_val_acc_true)
-        cells = [f"{v:{c}.4f}" for v, c in zip(losses, widths[:-1], strict=True)]
-        lines.append(" ".join([pad(name, w), *cells, f"{r.steps_in_train_mode:{widths[-1]}d}"]))
-    return "\n".join(lines)
+        lines.append([name, *(f"{v:.4f}" for v in losses), r.steps_in_train_mode])
+    return "\n".join(table(lines, align="<>>>>>", sep=" ", widths=(18,)))
 
 
 def switchboard_summary(mistakes: Sequence[str] | None = ("no_zero_grad",)) -> str:
@@ -269,10 +265,15 @@ def switchboard_summary(mistakes: Sequence[str] | None = ("no_zero_grad",)) -> s
     return _summary_lines(rows)
 
 
+def _row_name(key: str) -> str:
+    """A mistake's row in the overview: its key in English, its label in Chinese."""
+    return tr("{key}{label:.0}", "{key:.0}{label}", key=key, label=switch_label(key))
+
+
 def switchboard_overview() -> str:
     """One row per mistake switched on alone, under the clean run."""
     rows = [(tr("no mistake", "无错误"), switchboard_run())]
-    return _summary_lines(rows + [(tr(key, switch_label(key)), switchboard_run((key,))) for key in SWITCHES])
+    return _summary_lines(rows + [(_row_name(key), switchboard_run((key,))) for key in SWITCHES])
 
 
 def switchboard_widget(default: Sequence[str] = ("no_zero_grad",)):

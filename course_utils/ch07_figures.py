@@ -73,8 +73,8 @@ def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
         _draw_timeline(ax, timeline, tr("milliseconds from the start of the step",
                                         "从这一步开始算起的毫秒数"))
         held = [rec["results"][name]["peak_in_flight"] for rec in records]
-        ax.set_title(tr(f"{name}: micro-batches held at once per stage {held}",
-                        f"{name}：每个阶段同时持有的微批次 {held}"), fontsize=9)
+        ax.set_title(tr("{name}: micro-batches held at once per stage {held}",
+                        "{name}：每个阶段同时持有的微批次 {held}", name=name, held=held), fontsize=9)
     fig.tight_layout()
     m, n = records[0]["microbatches"], len(records)
     return describe_figure(
@@ -192,9 +192,9 @@ def draw_stragglers(records: Sequence[Mapping[str, Any]]) -> Any:
     ax.bar(0, 0, color=COLORS["orange"], label=tr("in the all-reduce", "在 all-reduce 中"))
     ax.legend(fontsize=8, title=tr("left: no delay; right, hatched: one rank slowed",
                                    "左：无延迟；右（斜线）：一个 rank 被减速"), title_fontsize=8)
-    ax.set_title(tr(f"Rank {slow} sleeps {1000 * delay:.0f} ms a step: every rank's step grows by about as much",
-                    f"rank {slow} 每步多睡 {1000 * delay:.0f} 毫秒："
-                    "每个 rank 的每一步都变长了差不多同样多"), fontsize=9)
+    ax.set_title(tr("Rank {slow} sleeps {value:.0f} ms a step: every rank's step grows by about as much",
+                    "rank {slow} 每步多睡 {value:.0f} 毫秒：每个 rank 的每一步都变长了差不多同样多",
+                    slow=slow, value=1000 * delay), fontsize=9)
     fig.tight_layout()
     return describe_figure(
         fig, f"Grouped stacked bars per rank: a step's compute (blue) and time in the all-reduce (orange), without a "

@@ -112,7 +112,7 @@ def _draw_timeline(ax: Any, timeline: Sequence[Sequence[tuple]], unit: str) -> N
             ax.barh(s, end - start, left=start, color=colors[kind], edgecolor="white", height=0.8)
             ax.text((start + end) / 2, s, f"{kind}{mb}", ha="center", va="center", fontsize=7,
                     color="white" if kind == "F" else "black")
-    ax.set_yticks(range(len(timeline)), [tr(f"stage {s}", f"阶段 {s}") for s in range(len(timeline))])
+    ax.set_yticks(range(len(timeline)), [tr("stage {s}", "阶段 {s}", s=s) for s in range(len(timeline))])
     ax.invert_yaxis()
     ax.set_xlabel(unit)
 
@@ -129,11 +129,12 @@ def draw_schedule(stages: int = 4, microbatches: int = 8, schedule: str = "1F1B"
     fig, ax = plt.subplots(figsize=(9, 0.45 * stages + 1.4))
     _draw_timeline(ax, timeline, tr("time (a forward = 1 unit, a backward = 2)",
                                     "时间（前向 = 1 个单位，反向 = 2 个）"))
-    ax.set_title(tr(f"{schedule}, {stages} stages, {microbatches} micro-batches: bubble {facts['bubble']:.3f} "
-                    f"(formula {formula:.3f}); stage 0 holds at most {facts['peak_in_flight'][0]} micro-batches",
-                    f"{schedule}，{stages} 个阶段，{microbatches} 个微批次：气泡 {facts['bubble']:.3f}"
-                    f"（公式 {formula:.3f}）；阶段 0 最多同时持有 {facts['peak_in_flight'][0]} "
-                    "个微批次"), fontsize=9)
+    ax.set_title(tr("{schedule}, {stages} stages, {microbatches} micro-batches: bubble {facts:.3f} (formula "
+                    "{formula:.3f}); stage 0 holds at most {facts2} micro-batches",
+                    "{schedule}，{stages} 个阶段，{microbatches} 个微批次：气泡 {facts:.3f}（公式 {formula:.3f}）；"
+                    "阶段 0 最多同时持有 {facts2} 个微批次",
+                    schedule=schedule, stages=stages, microbatches=microbatches, facts=facts['bubble'],
+                    formula=formula, facts2=facts['peak_in_flight'][0]), fontsize=9)
     fig.tight_layout()
     return describe_figure(
         fig,
@@ -163,10 +164,11 @@ def schedule_explorer() -> Any:
     @widget_callback
     def redraw(stages: int, microbatches: int, schedule: str) -> None:
         if schedule == "1F1B" and microbatches < stages:  # Schedule1F1B raises ValueError there
-            print(tr(f"PyTorch's Schedule1F1B needs at least as many micro-batches as stages ({microbatches} < "
-                     f"{stages}): it raises ValueError. Add micro-batches, or choose GPipe.",
-                     f"PyTorch 的 Schedule1F1B 要求微批次不少于阶段数（{microbatches} < {stages}），"
-                     "否则抛出 ValueError。请增加微批次，或改用 GPipe。"))
+            print(tr("PyTorch's Schedule1F1B needs at least as many micro-batches as stages ({microbatches} < "
+                     "{stages}): it raises ValueError. Add micro-batches, or choose GPipe.",
+                     "PyTorch 的 Schedule1F1B 要求微批次不少于阶段数（{microbatches} < {stages}），否则抛出 "
+                     "ValueError。请增加微批次，或改用 GPipe。",
+                     microbatches=microbatches, stages=stages))
             return
         show_figure(draw_schedule(stages, microbatches, schedule))
 

@@ -126,24 +126,24 @@ def verify(root: Path | str = DIGITS) -> list[str]:
     root = Path(root)
     mf = root / MANIFEST
     if not mf.exists():
-        return [tr(f"{mf.name} is missing in {root}: run `python -m course_utils.data build`",
-                   f"{root} 中缺少 {mf.name}：请运行 `python -m course_utils.data build`")]
+        return [tr("{name} is missing in {root}: run `python -m course_utils.data build`",
+                   "{root} 中缺少 {name}：请运行 `python -m course_utils.data build`", name=mf.name, root=root)]
     manifest = json.loads(mf.read_text())
     problems = []
     for rel, digest in manifest["files"].items():
         path = root / rel
         if not path.exists():
-            problems.append(tr(f"missing: {rel}", f"缺失：{rel}"))
+            problems.append(tr("missing: {rel}", "缺失：{rel}", rel=rel))
             continue
         try:
             pixels = np.asarray(Image.open(path).convert("L"))
         except Exception as exc:  # unreadable file
-            problems.append(tr(f"unreadable: {rel} ({exc})", f"无法读取：{rel}（{exc}）"))
+            problems.append(tr("unreadable: {rel} ({exc})", "无法读取：{rel}（{exc}）", rel=rel, exc=exc))
             continue
         if pixel_digest(pixels) != digest:
-            problems.append(tr(f"altered: {rel}", f"已被改动：{rel}"))
+            problems.append(tr("altered: {rel}", "已被改动：{rel}", rel=rel))
     extra = {p.relative_to(root).as_posix() for p in root.rglob("*.png")} - set(manifest["files"])
-    problems += [tr(f"not in the manifest: {rel}", f"不在清单（manifest）中：{rel}") for rel in sorted(extra)]
+    problems += [tr("not in the manifest: {rel}", "不在清单（manifest）中：{rel}", rel=rel) for rel in sorted(extra)]
     return problems
 
 
@@ -152,10 +152,10 @@ def _check_split(split: str) -> None:
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
     if not (DIGITS / split).is_dir():
         raise FileNotFoundError(tr(
-            f"The course data is missing ({DIGITS / split} does not exist). "
-            "Run `python -m course_utils.data build` from the course folder.",
-            f"课程数据缺失（{DIGITS / split} 不存在）。请在课程文件夹中运行 `python -m "
-            "course_utils.data build`。"
+            "The course data is missing ({value} does not exist). Run `python -m course_utils.data build` from the "
+            "course folder.",
+            "课程数据缺失（{value} 不存在）。请在课程文件夹中运行 `python -m course_utils.data build`。",
+            value=DIGITS / split
         ))
 
 
@@ -259,15 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         m = build(args.out)
         train, test = m["counts"]["train"], m["counts"]["test"]
-        print(tr(f"wrote {train} train and {test} test images to {args.out}",
-                 f"已向 {args.out} 写入 {train} 张训练图像和 {test} 张测试图像"))
+        print(tr("wrote {train} train and {test} test images to {out}",
+                 "已向 {out} 写入 {train} 张训练图像和 {test} 张测试图像", train=train, test=test, out=args.out))
         return 0
     problems = verify(args.root)
     for p in problems[:20]:
         print(p)
     if problems:
-        print(tr(f"{len(problems)} problem(s); rebuild with `python -m course_utils.data build`",
-                 f"共 {len(problems)} 处问题；请用 `python -m course_utils.data build` 重新生成"))
+        print(tr("{n_problems} problem(s); rebuild with `python -m course_utils.data build`",
+                 "共 {n_problems} 处问题；请用 `python -m course_utils.data build` 重新生成", n_problems=len(problems)))
         return 1
     print(tr("data OK", "数据完好"))
     return 0

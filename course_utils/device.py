@@ -65,8 +65,8 @@ def describe(device: torch.device | None = None) -> str:
     device = device or pick_device()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        return tr(f"device: cuda ({name})", f"设备：cuda（{name}）")
-    return tr(f"device: {device.type}", f"设备：{device.type}")
+        return tr("device: cuda ({name})", "设备：cuda（{name}）", name=name)
+    return tr("device: {type}", "设备：{type}", type=device.type)
 
 
 def load_average() -> float | None:
@@ -90,15 +90,14 @@ def busy_warning(load: float | None, cores: int) -> str:
     processes waiting for the disk), else ""."""
     if load is None or load <= cores:
         return ""
-    return tr(f"WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs "
-              "compete for the CPU (or, on Linux, the disk), so these numbers measure that competition as much "
-              "as the loader (more worker processes simply win a larger share of the CPU). Measure again when the "
-              "machine is idle before drawing conclusions.",
-              f"警告：这台机器正忙：负载均值 {load:.1f}，而只有 {cores} 个核心。"
-              "其他程序在争抢 CPU（在 Linux 上"
-              "也可能是磁盘），所以这些数字测到的既是加载器，也同样是这种争抢（worker "
-              "进程越多，只是抢到的 CPU "
-              "份额越大）。请等机器空闲时再测一次，然后再下结论。")
+    return tr("WARNING: this machine is busy: load average {load:.1f} on {cores} cores. Other programs compete for "
+              "the CPU (or, on Linux, the disk), so these numbers measure that competition as much as the loader "
+              "(more worker processes simply win a larger share of the CPU). Measure again when the machine is idle "
+              "before drawing conclusions.",
+              "警告：这台机器正忙：负载均值 {load:.1f}，而只有 {cores} 个核心。其他程序在争抢 CPU（在 Linux "
+              "上也可能是磁盘），所以这些数字测到的既是加载器，也同样是这种争抢（worker 进程越多，只是抢到的 CPU "
+              "份额越大）。请等机器空闲时再测一次，然后再下结论。",
+              load=load, cores=cores)
 
 
 def cpu_load() -> str:
@@ -111,7 +110,9 @@ def cpu_load() -> str:
     busy = tr(" (busy: load above the core count, numbers are not an idle machine's)",
               "（繁忙：负载高于核心数，"
               "这些数字不是空闲机器上的结果）") if load > cores else ""
-    return tr(f"load average {load:.1f} on {cores} cores{busy}", f"负载均值 {load:.1f}{busy}")
+    on_cores = tr(" on {cores} cores", "{cores:.0}", cores=str(cores))  # the Chinese says the load only
+    return tr("load average {load:.1f}{on_cores}{busy}", "负载均值 {load:.1f}{on_cores}{busy}",
+              load=load, on_cores=on_cores, busy=busy)
 
 
 @contextlib.contextmanager

@@ -30,12 +30,11 @@ def choose_backend(local_world_size: int = 1, warn: bool = True) -> str:
         return "nccl"
     if gpus and warn:
         warnings.warn(tr(
-            f"{local_world_size} processes on this node but {gpus} GPU(s): using gloo on the CPU. "
-            "Start one process per GPU (--nproc-per-node), or set COURSE_BACKEND=nccl to make "
-            "this an error.",
-            f"本节点上有 {local_world_size} 个进程，却只有 {gpus} 块 GPU：改用 CPU 上的 gloo。"
-            "请每块 GPU 启动一个进程（--nproc-per-node），或者设置 "
-            "COURSE_BACKEND=nccl，让这种情况直接报错。"),
+            "{local_world_size} processes on this node but {gpus} GPU(s): using gloo on the CPU. Start one process "
+            "per GPU (--nproc-per-node), or set COURSE_BACKEND=nccl to make this an error.",
+            "本节点上有 {local_world_size} 个进程，却只有 {gpus} 块 GPU：改用 CPU 上的 gloo。请每块 GPU "
+            "启动一个进程（--nproc-per-node），或者设置 COURSE_BACKEND=nccl，让这种情况直接报错。",
+            local_world_size=local_world_size, gpus=gpus),
             stacklevel=2,
         )
     return "gloo"

@@ -70,18 +70,19 @@ def check_python(version: tuple[int, int] = sys.version_info[:2]) -> Check:
     if version >= (3, 11):
         return Check("python", "OK", f"Python {text}")
     return Check("python", "FAIL",
-                 tr(f"Python {text}; the course needs 3.11+: install it, then {fix_install()}",
-                    f"Python {text}；本课程需要 3.11 或更高版本：请先安装，然后{fix_install()}"))
+                 tr("Python {text}; the course needs 3.11+: install it, then {fix}",
+                    "Python {text}；本课程需要 3.11 或更高版本：请先安装，然后{fix}", text=text, fix=fix_install()))
 
 
 def check_package(name: str, pinned: str | None, version_of: Callable[[str], str | None] = _installed) -> Check:
     got = version_of(name)
     if got is None:
-        return Check(name, "FAIL", tr(f"not installed: {fix_install()}", f"未安装：{fix_install()}"))
+        return Check(name, "FAIL", tr("not installed: {fix}", "未安装：{fix}",
+                                      fix=fix_install()))
     if pinned and got.split("+")[0] != pinned.split("+")[0]:
         return Check(name, "WARN",
-                     tr(f"{got} installed; the course is tested with {pinned} (outputs may differ)",
-                        f"已安装 {got}；本课程用 {pinned} 测试（输出可能有所不同）"))
+                     tr("{got} installed; the course is tested with {pinned} (outputs may differ)",
+                        "已安装 {got}；本课程用 {pinned} 测试（输出可能有所不同）", got=got, pinned=pinned))
     return Check(name, "OK", got)
 
 
@@ -94,14 +95,15 @@ def check_other_packages(pins: dict[str, str], version_of: Callable[[str], str |
         if got is None:
             missing.append(name)
         elif got != want:
-            different.append(tr(f"{name} {got} (tested: {want})", f"{name} {got}（测试版本：{want}）"))
+            different.append(tr("{name} {got} (tested: {want})", "{name} {got}（测试版本：{want}）",
+                                name=name, got=got, want=want))
     if missing:
-        return Check("packages", "FAIL", tr(f"missing: {', '.join(missing)}: {fix_install()}",
-                                            f"缺少：{', '.join(missing)}：{fix_install()}"))
+        return Check("packages", "FAIL", tr("missing: {missing}: {fix}", "缺少：{missing}：{fix}",
+                                            missing=', '.join(missing), fix=fix_install()))
     if different:
         return Check("packages", "WARN", tr("other versions: ", "版本不同：") + ", ".join(different))
-    return Check("packages", "OK", tr(f"{len(pins) - 2} pinned packages at their tested versions",
-                                      f"{len(pins) - 2} 个固定版本的包都是测试时的版本"))
+    return Check("packages", "OK", tr("{value} pinned packages at their tested versions",
+                                      "{value} 个固定版本的包都是测试时的版本", value=len(pins) - 2))
 
 
 def check_cpu() -> Check:
@@ -114,16 +116,16 @@ def check_cpu() -> Check:
     status = "OK" if n >= 2 else "WARN"
     extra = "" if n >= 2 else tr(" (the distributed chapters start 2 processes: expect them to be slow)",
                                  "（分布式章节会启动 2 个进程：预计会比较慢）")
-    return Check("cpu", status, tr(f"{n} cores, {platform.machine()}{extra}",
-                                   f"{n} 个核心，{platform.machine()}{extra}"))
+    return Check("cpu", status, tr("{n} cores, {machine}{extra}", "{n} 个核心，{machine}{extra}",
+                                   n=n, machine=platform.machine(), extra=extra))
 
 
 def check_accelerator() -> Check:
     try:
         import torch
     except Exception:
-        return Check("accelerator", "FAIL", tr(f"torch does not import: {fix_install()}",
-                                               f"无法导入 torch：{fix_install()}"))
+        return Check("accelerator", "FAIL", tr("torch does not import: {fix}", "无法导入 torch：{fix}",
+                                               fix=fix_install()))
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         return Check("accelerator", "OK", f"CUDA: {names}")
@@ -136,8 +138,8 @@ def check_accelerator() -> Check:
 
 def check_widgets(version_of: Callable[[str], str | None] = _installed) -> Check:
     if version_of("ipywidgets") is None:
-        return Check("widgets", "FAIL", tr(f"ipywidgets is not installed: {fix_install()}",
-                                           f"未安装 ipywidgets：{fix_install()}"))
+        return Check("widgets", "FAIL", tr("ipywidgets is not installed: {fix}",
+                                           "未安装 ipywidgets：{fix}", fix=fix_install()))
     if version_of("jupyterlab-widgets") is None and version_of("jupyterlab_widgets") is None:
         return Check("widgets", "WARN", tr("the JupyterLab front end for widgets is missing: "
                                            "`pip install jupyterlab_widgets`; sliders will show as text",
@@ -164,12 +166,12 @@ def check_data(root: Path | None = None) -> Check:
     problems = data.verify(root)
     if problems:
         first = problems[0]
-        more = tr(f" (+{len(problems) - 1} more)",
-                  f"（另有 {len(problems) - 1} 处问题）") if len(problems) > 1 else ""
-        return Check("data", "FAIL", tr(f"{first}{more}: run `python -m course_utils.data build` to restore it",
-                                        f"{first}{more}：运行 `python -m course_utils.data build` 恢复数据"))
+        more = tr(" (+{value} more)", "（另有 {value} 处问题）", value=len(problems) - 1) if len(problems) > 1 else ""
+        return Check("data", "FAIL", tr("{first}{more}: run `python -m course_utils.data build` to restore it",
+                                        "{first}{more}：运行 `python -m course_utils.data build` 恢复数据",
+                                        first=first, more=more))
     n = len(__import__("json").loads((root / data.MANIFEST).read_text())["files"])
-    return Check("data", "OK", tr(f"{n} images match the manifest", f"{n} 张图像与清单（manifest）一致"))
+    return Check("data", "OK", tr("{n} images match the manifest", "{n} 张图像与清单（manifest）一致", n=n))
 
 
 # The course's settings: environment variables that every notebook (or every launch) reads.
@@ -185,11 +187,11 @@ def setting_fix(error: str) -> str:
     environment: unset or correct it; "" when it names none."""
     for name, value in _settings_set().items():
         if name in error:
-            return tr(f"{name}={value} is set in your environment and does not work here: unset {name} "
-                      f"(or correct it), {again()}",
-                      f"你的环境中设置了 {name}={value}，"
-                      f"它在这台机器上行不通：请取消设置 {name}"
-                      f"（unset {name}，或改成正确的值），{again()}")
+            return tr("{name}={value} is set in your environment and does not work here: unset {name} (or correct "
+                      "it), {again}",
+                      "你的环境中设置了 {name}={value}，它在这台机器上行不通：请取消设置 {name}（unset {name}，"
+                      "或改成正确的值），{again}",
+                      name=name, value=value, again=again())
     return ""
 
 
@@ -218,10 +220,11 @@ def check_settings() -> Check:
     if lang is not None and lang.strip().lower().split(".")[0] not in (
             "en", "english", "zh", "zh-cn", "zh_cn", "chinese"):
         return Check("settings", "WARN", tr(
-            f"{shown}: COURSE_LANG={lang} is not a language of the course (en, zh); the course speaks English",
-            f"{shown}：COURSE_LANG={lang} 不是本课程的语言（en、zh）；课程将使用英文"))
-    return Check("settings", "OK", shown or tr("none of " + ", ".join(SETTINGS) + " is set: the course chooses",
-                                              "未设置 " + "、".join(SETTINGS) + "：由课程自动选择"))
+            "{shown}: COURSE_LANG={lang} is not a language of the course (en, zh); the course speaks English",
+            "{shown}：COURSE_LANG={lang} 不是本课程的语言（en、zh）；课程将使用英文", shown=shown, lang=lang))
+    return Check("settings", "OK", shown or tr("none of {settings} is set: the course chooses",
+                                              "未设置 {settings}：由课程自动选择",
+                                              settings=tr(", ", "、").join(SETTINGS)))
 
 
 def run_checks(pins: dict[str, str] | None = None) -> list[Check]:
@@ -234,8 +237,8 @@ def run_checks(pins: dict[str, str] | None = None) -> list[Check]:
     try:
         checks.append(check_data())
     except Exception as exc:  # e.g. Pillow missing
-        checks.append(Check("data", "FAIL", tr(f"could not check the data ({exc}): {fix_install()}",
-                                               f"无法检查数据（{exc}）：{fix_install()}")))
+        checks.append(Check("data", "FAIL", tr("could not check the data ({exc}): {fix}",
+                                               "无法检查数据（{exc}）：{fix}", exc=exc, fix=fix_install())))
     return checks
 
 
@@ -258,8 +261,8 @@ def again() -> str:
 
 
 def fix_busy() -> str:
-    return tr(f"close other programs so that the computer is not busy (or short of memory), {again()}",
-              f"关闭其他程序，让电脑不那么忙（内存也不那么紧张），{again()}")
+    return tr("close other programs so that the computer is not busy (or short of memory), {again}",
+              "关闭其他程序，让电脑不那么忙（内存也不那么紧张），{again}", again=again())
 
 
 @dataclass(frozen=True)
@@ -282,10 +285,10 @@ def _autograd(seconds: float) -> str:
     x = torch.tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
     (x**2).sum().backward()
     if not torch.allclose(x.grad, 2 * x.detach()):
-        raise RuntimeError(tr(f"the gradient of sum(x**2) at {x.tolist()} came out as {x.grad.tolist()}",
-                              f"sum(x**2) 在 {x.tolist()} 处的梯度算成了 {x.grad.tolist()}"))
-    return tr(f"a backward pass on {device.type}: d/dx sum(x**2) = 2x",
-              f"在 {device.type} 上的一次反向传播：d/dx sum(x**2) = 2x")
+        raise RuntimeError(tr("the gradient of sum(x**2) at {values} came out as {grads}",
+                              "sum(x**2) 在 {values} 处的梯度算成了 {grads}", values=x.tolist(), grads=x.grad.tolist()))
+    return tr("a backward pass on {type}: d/dx sum(x**2) = 2x", "在 {type} 上的一次反向传播：d/dx sum(x**2) = 2x",
+              type=device.type)
 
 
 def _module(seconds: float) -> str:
@@ -317,8 +320,8 @@ def _dataloader(seconds: float) -> str:
     loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, timeout=seconds)
     seen = sorted(int(i) for _, labels in loader for i in labels)
     if seen != list(range(16)):
-        raise RuntimeError(tr(f"the batches held the items {seen}, not 0-15 once each",
-                              f"各批次中的样本是 {seen}，而不是 0-15 各一次"))
+        raise RuntimeError(tr("the batches held the items {seen}, not 0-15 once each",
+                              "各批次中的样本是 {seen}，而不是 0-15 各一次", seen=seen))
     return tr("a DataLoader with 2 worker processes over 16 items",
               "一个带 2 个 worker 进程的 DataLoader，共 16 个样本")
 
@@ -330,10 +333,11 @@ def _distributed(seconds: float) -> str:
     # as the notebooks launch: the learner's COURSE_BACKEND and COURSE_LAUNCHER, if set
     result = torchrun("scripts/hello_dist.py", nproc=2, show=False, timeout=seconds * 0.8, cwd=ROOT / "notebooks")
     if "all_reduce sum of (rank + 1) = 3" not in result.logs[0]:
-        raise RuntimeError(tr(f"rank 0 printed {result.logs[0]!r}, without its all_reduce",
-                              f"rank 0 打印了 {result.logs[0]!r}，其中没有它的 all_reduce 结果"))
-    return tr(f"2 processes talked over {result.backend} (scripts/hello_dist.py, {result.engine} engine)",
-              f"2 个进程通过 {result.backend} 完成了通信（scripts/hello_dist.py，{result.engine} 引擎）")
+        raise RuntimeError(tr("rank 0 printed {logs!r}, without its all_reduce",
+                              "rank 0 打印了 {logs!r}，其中没有它的 all_reduce 结果", logs=result.logs[0]))
+    return tr("2 processes talked over {backend} (scripts/hello_dist.py, {engine} engine)",
+              "2 个进程通过 {backend} 完成了通信（scripts/hello_dist.py，{engine} 引擎）",
+              backend=result.backend, engine=result.engine)
 
 
 def _ipywidgets(seconds: float) -> str:
@@ -341,31 +345,30 @@ def _ipywidgets(seconds: float) -> str:
 
     slider = ipywidgets.IntSlider(value=1, min=0, max=3, description="epoch")
     slider.value = 2
-    return tr(f"ipywidgets {ipywidgets.__version__} made a slider",
-              f"ipywidgets {ipywidgets.__version__} 创建了一个滑块")
+    return tr("ipywidgets {version} made a slider", "ipywidgets {version} 创建了一个滑块",
+              version=ipywidgets.__version__)
 
 
 WORKSHOP = [
     Item("autograd", _autograd, 20.0,
-         lambda: tr(f"PyTorch could not compute a gradient: {fix_install()}, {again()}",
-                    f"PyTorch 无法计算梯度：{fix_install()}，{again()}")),
+         lambda: tr("PyTorch could not compute a gradient: {fix}, {again}",
+                    "PyTorch 无法计算梯度：{fix}，{again}", fix=fix_install(), again=again())),
     Item("module", _module, 20.0,
-         lambda: tr(f"PyTorch could not run or save a small model: {fix_install()}, {again()}",
-                    f"PyTorch 无法运行或保存一个小模型：{fix_install()}，{again()}")),
+         lambda: tr("PyTorch could not run or save a small model: {fix}, {again}",
+                    "PyTorch 无法运行或保存一个小模型：{fix}，{again}", fix=fix_install(), again=again())),
     Item("dataloader", _dataloader, 20.0,
          lambda: tr("the DataLoader's worker processes did not start or answer: close other programs to free "
-                    "memory (in Docker, start the container with --shm-size=1g), " + again(),
+                    "memory (in Docker, start the container with --shm-size=1g), {again}",
                     "DataLoader 的 worker 进程没有启动或没有响应：关闭其他程序以释放内存"
-                    "（在 Docker 中，请用 --shm-size=1g 启动容器），" + again())),
+                    "（在 Docker 中，请用 --shm-size=1g 启动容器），{again}", again=again())),
     Item("distributed", _distributed, 40.0,
          lambda: tr("2 local processes could not talk to each other: let Python accept local connections in "
-                    "your firewall, pause any VPN, check that `ping localhost` answers, " + again(),
-                    "本机的 2 个进程之间无法通信：请在防火墙中允许 Python "
-                    "接受本地连接，暂停所有 VPN，"
-                    "确认 `ping localhost` 有响应，" + again())),
+                    "your firewall, pause any VPN, check that `ping localhost` answers, {again}",
+                    "本机的 2 个进程之间无法通信：请在防火墙中允许 Python 接受本地连接，暂停所有 VPN，"
+                    "确认 `ping localhost` 有响应，{again}", again=again())),
     Item("ipywidgets", _ipywidgets, 20.0,
-         lambda: tr(f"sliders will not work in the notebooks: {fix_install()}, {again()}",
-                    f"笔记本中的滑块将无法使用：{fix_install()}，{again()}")),
+         lambda: tr("sliders will not work in the notebooks: {fix}, {again}",
+                    "笔记本中的滑块将无法使用：{fix}，{again}", fix=fix_install(), again=again())),
 ]
 
 
@@ -386,13 +389,15 @@ def run_item(item: Item) -> Check:
     thread.join(item.timeout)
     took = time.monotonic() - start
     if not outcome:  # still running: left behind (a daemon thread), the next item goes on
-        return Check(item.name, "FAIL", tr(f"did not finish within {item.timeout:g} s: {fix_busy()}",
-                                           f"未能在 {item.timeout:g} 秒内完成：{fix_busy()}"), fix_busy())
+        return Check(item.name, "FAIL", tr("did not finish within {timeout:g} s: {fix}",
+                                           "未能在 {timeout:g} 秒内完成：{fix}",
+                                           timeout=item.timeout, fix=fix_busy()), fix_busy())
     ok, text = outcome[0]
     if ok:
-        return Check(item.name, "OK", tr(f"{text} ({took:.1f} s)", f"{text}（{took:.1f} 秒）"))
+        return Check(item.name, "OK", tr("{text} ({took:.1f} s)", "{text}（{took:.1f} 秒）", text=text, took=took))
     fix = setting_fix(text) or item.fix()  # a wrong setting of the learner's, named, before generic advice
-    return Check(item.name, "FAIL", tr(f"{text} ({took:.1f} s): {fix}", f"{text}（{took:.1f} 秒）：{fix}"), fix)
+    return Check(item.name, "FAIL", tr("{text} ({took:.1f} s): {fix}", "{text}（{took:.1f} 秒）：{fix}",
+                                       text=text, took=took, fix=fix), fix)
 
 
 def run_workshop(show: Callable[[Check], None] = lambda check: None) -> list[Check]:
@@ -431,10 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     fails = sum(c.status == "FAIL" for c in checks)
     warns = sum(c.status == "WARN" for c in checks)
     oks = len(checks) - fails - warns
-    print(tr(f"\n{len(checks)} checks: {oks} OK, {warns} WARN, {fails} FAIL",
-             f"\n共 {len(checks)} 项检查：{oks} OK，{warns} WARN，{fails} FAIL"))
+    print(tr("\n{n_checks} checks: {oks} OK, {warns} WARN, {fails} FAIL",
+             "\n共 {n_checks} 项检查：{oks} OK，{warns} WARN，{fails} FAIL",
+             n_checks=len(checks), oks=oks, warns=warns, fails=fails))
     if o.workshop:
-        print(tr(f"the workshop checks took {took:.1f} s", f"工作坊检查用时 {took:.1f} 秒"))
+        print(tr("the workshop checks took {took:.1f} s", "工作坊检查用时 {took:.1f} 秒", took=took))
         print(verdict(checks))
     return 1 if fails else 0
 

@@ -15,7 +15,7 @@ import importlib.util
 import warnings
 from pathlib import Path
 
-from .i18n import language, tr
+from .i18n import language
 
 #: Fonts with the Simplified Chinese glyphs, in order of preference: the one the course installs
 #: (Noto Sans CJK SC, SIL Open Font License, shipped by the pinned ``mplfonts`` package), then ones
@@ -102,7 +102,7 @@ def describe_figure(fig, en: str, zh: str):
     two sentences saying what the figure shows, for a reader who cannot see it. Returns `fig`.
 
     Jupyter then stores the text in the metadata of the figure's output, wherever it is shown."""
-    text = " ".join(tr(en, zh).split())
+    text = " ".join((zh if language() == "zh-CN" else en).split())  # finished texts (f-strings): chosen, not filled
     if not text:
         raise ValueError("describe_figure() needs the figure's alternative text in both languages, not empty text.")
     if not hasattr(fig, "savefig"):

@@ -15,9 +15,10 @@ import contextvars
 import functools
 import json
 import os
+import string
 import unicodedata
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from . import inventory
@@ -91,9 +92,45 @@ def language() -> str:
     return "en"
 
 
-def tr(en: str, zh: str) -> str:
-    """`en` or `zh`, in the course's language."""
-    return zh if language() == "zh-CN" else en
+_FORMATTER = string.Formatter()
+
+
+def tr(en: str, zh: str, /, **fields: object) -> str:
+    """`en` or `zh`, in the course's language, filled with `fields` as :meth:`str.format` fills a template.
+
+    Both templates are plain string literals that name the same fields, and each value is computed once,
+    as a keyword: ``tr("epoch {e}: loss {loss:.3f}", "第 {e} 轮：损失 {loss:.3f}", e=epoch, loss=r.loss)``.
+    A template is always a format string: a literal brace is written twice (``{{`` and ``}}``), with fields
+    or without. Where a value meets a Chinese letter of its template, or another value, a Chinese letter
+    and a Latin letter, digit or code on either side are set apart by a space, as :func:`spaced` does:
+    ``"而不是{it}。"`` gives ``而不是 None。`` and ``而不是一个列表。`` (Latin punctuation of the template, as
+    in ``"`{name}`"``, stays next to its value). Where the languages need different words (a plural, a
+    clause in one language only), pass a phrase made by its own ``tr()`` as a field.
+    """
+    return _fill(zh if language() == "zh-CN" else en, fields)
+
+
+def _fill(template: str, fields: dict[str, object]) -> str:
+    out: list[str] = []
+    last, from_value = "", False  # the last character written, and whether a value (not the template) wrote it
+    for text, name, spec, conversion in _FORMATTER.parse(template):
+        if text:
+            if from_value and _latin(last) and is_chinese(text[0]):
+                out.append(" ")
+            out.append(text)
+            last, from_value = text[-1], False
+        if name is None:
+            continue
+        value, _ = _FORMATTER.get_field(name, (), fields)
+        value = _FORMATTER.format_field(_FORMATTER.convert_field(value, conversion),
+                                        _FORMATTER.vformat(spec or "", (), fields))
+        if value:
+            if last and (is_chinese(last) and _latin(value[0])
+                         or from_value and _latin(last) and is_chinese(value[0])):
+                out.append(" ")
+            out.append(value)
+            last, from_value = value[-1], True
+    return "".join(out)
 
 
 def text_width(text: str) -> int:
@@ -106,6 +143,22 @@ def pad(text: str, width: int, right: bool = False) -> str:
     a Chinese character as two columns, so tables line up in both languages."""
     space = " " * (width - text_width(text))
     return space + text if right else text + space
+
+
+def table(rows: Iterable[Sequence[object]], align: str = "", sep: str = "  ", widths: Sequence[int] = (),
+          rule: str = "") -> list[str]:
+    """The lines of a plain-text table of `rows`: each cell (``str()`` of it) padded to its column's width,
+    the widest cell's (at least ``widths[i]``) in terminal columns, a Chinese character taking two (see
+    :func:`pad`); on the left where `align` has ``>`` for the column (one character per column, ``<`` or
+    none: on the right); the columns joined by `sep`; no line ends in spaces. With `rule` (``"-"``), a
+    line of it under the first row, as wide as each column."""
+    cells = [[str(c) for c in row] for row in rows]
+    n = max(map(len, cells), default=0)
+    cols = [max([*(text_width(row[i]) for row in cells if i < len(row)), *widths[i:i + 1]]) for i in range(n)]
+    if rule and cells:
+        cells.insert(1, [rule * w for w in cols])
+    return [sep.join(pad(c, w, right=align[i:i + 1] == ">") for i, (c, w) in enumerate(zip(row, cols, strict=False)))
+            .rstrip() for row in cells]
 
 
 def is_chinese(c: str) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import inventory
-from .i18n import pad, text_width, tr
+from .i18n import table, tr
 
 ENV_SWITCH = "COURSE_PROGRESS"  # 1: record, 0: never record (wins over the flag file)
 ENV_FILE = "COURSE_PROGRESS_FILE"  # another progress file (tests point it at a temporary folder)
@@ -63,11 +63,11 @@ def recording() -> tuple[bool, str]:
     """Whether checks are recorded now, and why (in words)."""
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in _OFF:
-        return False, tr(f"off ({ENV_SWITCH}={value} in the environment)",
-                         f"已关闭（环境变量 {ENV_SWITCH}={value}）")
+        return False, tr("off ({ENV_SWITCH}={value} in the environment)", "已关闭（环境变量 {ENV_SWITCH}={value}）",
+                         ENV_SWITCH=ENV_SWITCH, value=value)
     if value in _ON:
-        return True, tr(f"on ({ENV_SWITCH}={value} in the environment)",
-                        f"已开启（环境变量 {ENV_SWITCH}={value}）")
+        return True, tr("on ({ENV_SWITCH}={value} in the environment)", "已开启（环境变量 {ENV_SWITCH}={value}）",
+                        ENV_SWITCH=ENV_SWITCH, value=value)
     try:
         flagged = flag_file().is_file()
     except OSError:
@@ -147,13 +147,11 @@ def record(chapter: str, exercise: str, status: str) -> bool:
             with contextlib.suppress(Exception):
                 where = path or tr("its file", "进度文件")
                 sys.stderr.write(tr(
-                    f"Your progress could not be saved to {where} ({type(exc).__name__}: {exc}); "
-                    f"checks work as before. To stop trying, set {ENV_SWITCH}=0 or run "
-                    "`python -m course_utils progress --disable`.\n",
-                    f"无法把你的进度保存到 {where}（{type(exc).__name__}: "
-                    f"{exc}）；检查功能照常可用。"
-                    f"如果不想再尝试保存，请设置 {ENV_SWITCH}=0，或运行 "
-                    "`python -m course_utils progress --disable`。\n",
+                    "Your progress could not be saved to {where} ({name}: {exc}); checks work as before. To stop "
+                    "trying, set {ENV_SWITCH}=0 or run `python -m course_utils progress --disable`.\n",
+                    "无法把你的进度保存到 {where}（{name}: {exc}）；检查功能照常可用。如果不想再尝试保存，请设置 "
+                    "{ENV_SWITCH}=0，或运行 `python -m course_utils progress --disable`。\n",
+                    where=where, name=type(exc).__name__, exc=exc, ENV_SWITCH=ENV_SWITCH,
                 ))
         return False
 
@@ -278,8 +276,7 @@ def format_table(summary: Summary, titles: dict[str, str] | None = None) -> str:
         done = sum(s == "done" for s in row.values())
         cells = (shown[row[c]] if c in row else "" for c in columns)
         rows.append([titles.get(ch, ch), *cells, f"{done}/{len(row)}"])
-    widths = [max(text_width(r[i]) for r in rows) for i in range(len(header))]
-    return "\n".join("  ".join(pad(c, w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return "\n".join(table(rows))
 
 
 def _show_path(path: Path) -> str:
@@ -308,12 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--yes confirms --reset; use them together")
     path, flag = progress_file(), flag_file()
     if not path.name or path.is_dir():
-        print(tr(f"error: {ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} names a folder, not a file: name a "
-                 f"file for your progress (such as ~/progress.jsonl), or unset {ENV_FILE} to use the usual one.",
-                 f"错误：{ENV_FILE}={os.environ.get(ENV_FILE, '').strip()} "
-                 "指向的是一个文件夹，而不是文件："
-                 "请指定一个保存进度的文件（例如 ~/progress.jsonl），或者取消设置 "
-                 f"{ENV_FILE}，使用默认文件。"),
+        print(tr("error: {ENV_FILE}={get} names a folder, not a file: name a file for your progress (such as "
+                 "~/progress.jsonl), or unset {ENV_FILE} to use the usual one.",
+                 "错误：{ENV_FILE}={get} 指向的是一个文件夹，而不是文件：请指定一个保存进度的文件（例如 "
+                 "~/progress.jsonl），或者取消设置 {ENV_FILE}，使用默认文件。",
+                 ENV_FILE=ENV_FILE, get=os.environ.get(ENV_FILE, '').strip()),
               file=sys.stderr)
         return 2
     if o.enable or o.disable or o.reset:
@@ -331,21 +327,22 @@ def _change(o: argparse.Namespace, path: Path, flag: Path) -> int:
             flag.unlink(missing_ok=True)
         elif o.reset:
             if not o.yes:
-                print(tr(f"This clears your recorded progress in {_show_path(path)}. To do it, run:\n",
-                         f"这会清除 {_show_path(path)} 中记录的进度。确定要清除，请运行：\n")
+                print(tr("This clears your recorded progress in {show_path}. To do it, run:\n",
+                         "这会清除 {show_path} 中记录的进度。确定要清除，请运行：\n", show_path=_show_path(path))
                       + "  python -m course_utils progress --reset --yes")
                 return 1
             n = reset(path)
-            print(tr(f"Progress cleared ({n} lines removed from {_show_path(path)}).",
-                     f"进度已清除（从 {_show_path(path)} 删除了 {n} 行）。"))
+            print(tr("Progress cleared ({n} lines removed from {show_path}).",
+                     "进度已清除（从 {show_path} 删除了 {n} 行）。", n=n, show_path=_show_path(path)))
             return 0
     except OSError as exc:
-        print(tr(f"error: {exc}. Check that you can write to {_show_path(path.parent)}.",
-                 f"错误：{exc}。请检查你能否写入 {_show_path(path.parent)}。"), file=sys.stderr)
+        print(tr("error: {exc}. Check that you can write to {show_path}.",
+                 "错误：{exc}。请检查你能否写入 {show_path}。",
+                 exc=exc, show_path=_show_path(path.parent)), file=sys.stderr)
         return 1
-    print(tr(f"Recording is now {recording()[1]}.", f"进度记录现在{recording()[1]}。"))
-    print(tr(f"Records stay on this computer, in {_show_path(path)}.",
-             f"记录只保存在这台电脑上：{_show_path(path)}。"))
+    print(tr("Recording is now {state}.", "进度记录现在{state}。", state=recording()[1]))
+    print(tr("Records stay on this computer, in {show_path}.", "记录只保存在这台电脑上：{show_path}。",
+             show_path=_show_path(path)))
     return 0
 
 
@@ -354,20 +351,23 @@ def _report(path: Path) -> int:
     try:
         records, bad = read(path)
     except OSError as exc:
-        print(tr(f"error: cannot read {_show_path(path)} ({exc}).",
-                 f"错误：无法读取 {_show_path(path)}（{exc}）。"), file=sys.stderr)
+        print(tr("error: cannot read {show_path} ({exc}).", "错误：无法读取 {show_path}（{exc}）。",
+                 show_path=_show_path(path), exc=exc), file=sys.stderr)
         return 1
     summary = summarise(records, chapters())
     print(format_table(summary, chapter_titles()))
     done, tried, not_yet = (summary.count(state) for state in ("done", "tried", "not yet"))
-    print(tr(f"\ntotal: {done} done, {tried} tried, {not_yet} not yet, of {summary.total} exercises",
-             f"\n合计：共 {summary.total} 道练习，已完成 {done} 道，已尝试 {tried} 道，"
-             f"尚未作答 {not_yet} 道"))
-    skipped = tr(f" ({bad} unreadable line{'s' * (bad != 1)} skipped)",
-                 f"（跳过了 {bad} 行无法读取的记录）") if bad else ""
-    print(tr(f"{len(records)} checks recorded in {_show_path(path)}{skipped}; this computer only.",
-             f"{_show_path(path)} 中记录了 {len(records)} 次检查{skipped}；只保存在这台电脑上。"))
-    print(tr(f"Recording is {recording()[1]}.", f"进度记录{recording()[1]}。"))
+    print(tr("\ntotal: {done} done, {tried} tried, {not_yet} not yet, of {total} exercises",
+             "\n合计：共 {total} 道练习，已完成 {done} 道，已尝试 {tried} 道，尚未作答 {not_yet} 道",
+             done=done, tried=tried, not_yet=not_yet, total=summary.total))
+    if bad == 1:
+        skipped = tr(" ({bad} unreadable line skipped)", "（跳过了 {bad} 行无法读取的记录）", bad=bad)
+    else:
+        skipped = tr(" ({bad} unreadable lines skipped)", "（跳过了 {bad} 行无法读取的记录）", bad=bad) if bad else ""
+    print(tr("{n} checks recorded in {where}{skipped}; this computer only.",
+             "{where} 中记录了 {n} 次检查{skipped}；只保存在这台电脑上。",
+             n=len(records), where=_show_path(path), skipped=skipped))
+    print(tr("Recording is {state}.", "进度记录{state}。", state=recording()[1]))
     return 0
 
 if __name__ == "__main__":

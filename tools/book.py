@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from course_utils.i18n import speaking, tr
 from course_utils.inventory import notebooks_in
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,34 +64,16 @@ LEARNER_SECTIONS = (
 )
 CHINESE_SECTION = "中文版（Chinese edition）"
 
-#: The words of the book's own lines, per edition.
-WORDS = {
-    "en": {
-        "last_run": "Last run: torch {torch}, {date}: the run whose outputs this page shows.",
-        "not_recorded": "Last run: not recorded (`make execute` records the torch version and date of the run "
-                        "whose outputs this page shows).",
-        "download": "Download this notebook ({name})",
-        "widget": "**A live widget runs here in JupyterLab** (`make lab`): move its controls to see the view "
-                  "change. What follows is its default view, as the next cell stores it.",
-        "chapters": "Chapters",
-        "reference": "Reference",
-        "glossary": "Glossary of the Chinese edition (术语表)",  # the page itself is in Chinese
-        "about": "About the course",
-        "english_only": "",
-    },
-    "zh-CN": {
-        "last_run": "最近一次运行：torch {torch}，{date}。本页的输出来自这次运行。",
-        "not_recorded": "最近一次运行：未记录（`make execute` 会记下产生本页输出的那次运行的 torch 版本和日期）。",
-        "download": "下载此笔记本（{name}）",
-        "widget": "**此处在 JupyterLab 中是一个可交互的控件**（`make lab-zh`）：拖动它的控件，视图随之变化。"
-                  "下面是它的默认视图，由下一个单元格保存。",
-        "chapters": "章节",
-        "reference": "参考",
-        "glossary": "术语表",
-        "about": "关于本课程（英文）",
-        "english_only": "本页只有英文版。",
-    },
-}
+def words(edition: str) -> dict[str, str]:
+    """The words of the book's own lines (headings, notes) in `edition`, ``en`` or ``zh-CN``."""
+    with speaking(edition):
+        return {
+            "chapters": tr("Chapters", "章节"),
+            "reference": tr("Reference", "参考"),
+            "glossary": tr("Glossary of the Chinese edition (术语表)", "术语表"),  # the page itself is in Chinese
+            "about": tr("About the course", "关于本课程（英文）"),
+            "english_only": tr("", "本页只有英文版。"),
+        }
 
 
 # ---------------------------------------------------------------- reading the sources
@@ -221,17 +204,28 @@ def page_map(edition: str) -> dict[str, str]:
 
 def chapter_header(nb: dict, edition: str, download: str) -> dict:
     """The Markdown cell under a chapter's title: its last run and the download link."""
-    words, run = WORDS[edition], last_run(nb)
-    line = words["last_run"].format(**run) if run else words["not_recorded"]
-    name = posixpath.basename(download)
-    text = (f":::{{container}} course-meta\n{line}\n\n"
-            f"{{download}}`{words['download'].format(name=name)} <{download}>`\n:::\n")
+    run, name = last_run(nb), posixpath.basename(download)
+    with speaking(edition):
+        if run:
+            line = tr("Last run: torch {torch}, {date}: the run whose outputs this page shows.",
+                      "最近一次运行：torch {torch}，{date}。本页的输出来自这次运行。",
+                      torch=run["torch"], date=run["date"])
+        else:
+            line = tr("Last run: not recorded (`make execute` records the torch version and date of the run whose "
+                      "outputs this page shows).",
+                      "最近一次运行：未记录（`make execute` 会记下产生本页输出的那次运行的 torch 版本和日期）。")
+        link = tr("Download this notebook ({name})", "下载此笔记本（{name}）", name=name)
+    text = f":::{{container}} course-meta\n{line}\n\n{{download}}`{link} <{download}>`\n:::\n"
     return {"cell_type": "markdown", "id": "course-book-meta", "metadata": {}, "source": text}
 
 
 def widget_note(edition: str, cell_id: str) -> dict:
-    return {"cell_type": "markdown", "id": f"{cell_id}-live", "metadata": {},
-            "source": f":::{{note}}\n{WORDS[edition]['widget']}\n:::\n"}
+    with speaking(edition):
+        note = tr("**A live widget runs here in JupyterLab** (`make lab`): move its controls to see the view change. "
+                  "What follows is its default view, as the next cell stores it.",
+                  "**此处在 JupyterLab 中是一个可交互的控件**（`make lab-zh`）：拖动它的控件，视图随之变化。"
+                  "下面是它的默认视图，由下一个单元格保存。")
+    return {"cell_type": "markdown", "id": f"{cell_id}-live", "metadata": {}, "source": f":::{{note}}\n{note}\n:::\n"}
 
 
 def stage_notebook(path: Path, edition: str, pages: dict[str, str], anchors: dict[str, set[str]]) -> dict:
@@ -266,12 +260,12 @@ def readme_pages(edition: str, pages: dict[str, str], anchors: dict[str, set[str
     if missing:
         raise SystemExit(f"README.md has no section {', '.join(map(repr, missing))}: update "
                          "tools/book.py's LEARNER_SECTIONS to the README's headings.")
-    about = "# " + ("About the course" if edition == "en" else WORDS[edition]["about"]) + "\n\n"
-    if WORDS[edition]["english_only"]:
-        about += WORDS[edition]["english_only"] + "\n\n"
+    said = words(edition)
+    about = "# " + said["about"] + "\n\n"
+    if said["english_only"]:
+        about += said["english_only"] + "\n\n"
     about += "".join(parts[s] for s in LEARNER_SECTIONS)
     about = relink(about, README, "about.md", pages, anchors)
-    words = WORDS[edition]
     titles = [(nb.stem, title(load(nb))) for nb in chapters(SOURCES[edition])]
     if edition == "en":
         table = parts["Chapters"]
@@ -280,10 +274,10 @@ def readme_pages(edition: str, pages: dict[str, str], anchors: dict[str, set[str
         home = parts[""] + "\n" + table
     else:
         home = "# PyTorch 深入\n\n" + parts[CHINESE_SECTION].split("\n", 1)[1]
-        home += "\n## " + words["chapters"] + "\n\n" + "".join(f"- [{t}]({s}.ipynb)\n" for s, t in titles)
+        home += "\n## " + said["chapters"] + "\n\n" + "".join(f"- [{t}]({s}.ipynb)\n" for s, t in titles)
     home = relink(home, README, "index.md", pages, anchors)
-    home += "\n" + _toctree(words["chapters"], [s for s, _ in titles], maxdepth=1)
-    home += _toctree(words["reference"], ["errata", f"{words['glossary']} <glossary>", "about", "instructor/README"],
+    home += "\n" + _toctree(said["chapters"], [s for s, _ in titles], maxdepth=1)
+    home += _toctree(said["reference"], ["errata", f"{said['glossary']} <glossary>", "about", "instructor/README"],
                      maxdepth=1)
     return home, about
 
@@ -336,7 +330,8 @@ def stage(edition: str, folder: Path) -> list[str]:
         write_if_changed(folder / nb.name, json.dumps(staged, indent=1, ensure_ascii=False) + "\n")
         copy_if_changed(nb, folder / "_notebooks" / nb.name)
         wanted |= {nb.name, f"_notebooks/{nb.name}"}
-    note = (WORDS[edition]["english_only"] + "\n\n") if WORDS[edition]["english_only"] else ""
+    english_only = words(edition)["english_only"]
+    note = (english_only + "\n\n") if english_only else ""
     for repo, page in pages.items():
         if not page.endswith(".md") or page == "about.md":
             continue

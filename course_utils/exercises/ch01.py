@@ -67,8 +67,8 @@ q2 = Exercise(
     cases=_cases_q2,
     observe=_apply,
     describe=lambda c: tr(
-        f"for x = {[round(v, 3) for v in c[0].tolist()]} and grad_output = {[round(v, 3) for v in c[1].tolist()]}",
-        f"当 x = {[round(v, 3) for v in c[0].tolist()]}、grad_output = {[round(v, 3) for v in c[1].tolist()]} 时",
+        "for x = {value} and grad_output = {value2}", "当 x = {value}、grad_output = {value2} 时",
+        value=[round(v, 3) for v in c[0].tolist()], value2=[round(v, 3) for v in c[1].tolist()],
     ),
     mistakes=dict(
         ignores_grad_output=variant(MySigmoid, "grad_output * result", "result"),
@@ -123,10 +123,10 @@ def _grad(f, x):
     return torch.autograd.grad(f(x), x, create_graph=True)[0]
 
 
-def _observe_product(fn, case, call: str, wide: int, matrix: tuple[str, str]):
+def _observe_product(fn, case, call: str, wide: int, matrix: str):
     """What ``fn(f, x, w)`` returned for a product of a matrix of derivatives with a vector w (Q3: the
     Hessian and v, Q6: u and the Jacobian); for an x of `wide` entries or more, also whether it built
-    the whole `matrix` (en, zh) on the way: an m x n tensor (m: w's entries, n: x's), or a backward pass
+    the whole `matrix` (its name) on the way: an m x n tensor (m: w's entries, n: x's), or a backward pass
     per entry of w."""
     f, x, w = case[0], case[1].clone().requires_grad_(True), case[2].clone()
     with counting_ops() as count:
@@ -135,13 +135,13 @@ def _observe_product(fn, case, call: str, wide: int, matrix: tuple[str, str]):
     m, n = w.numel(), x.numel()
     if n >= wide:
         whole = count.largest >= m * n or count.ops > 10 * m
-        yield tr(f"whether it computed all {m} x {n} entries of the {matrix[0]}",
-                 f"它是否算出了{matrix[1]}的全部 {m} x {n} 个元素"), whole
+        yield tr("whether it computed all {m} x {n} entries of the {matrix}",
+                 "它是否算出了{matrix}的全部 {m} x {n} 个元素", m=m, n=n, matrix=matrix), whole
     yield "result", got
 
 
 def _observe_q3(fn, case):  # "without building the Hessian": v has as many entries as x
-    return _observe_product(fn, case, "hvp(f, x, v)", _WIDE_N, ("Hessian", "黑塞矩阵"))
+    return _observe_product(fn, case, "hvp(f, x, v)", _WIDE_N, tr("Hessian", "黑塞矩阵"))
 
 
 def _describe_product(c, w: str) -> str:
@@ -149,12 +149,14 @@ def _describe_product(c, w: str) -> str:
     their sizes."""
     doc, x, vec = c[0].__doc__, [round(v, 4) for v in c[1].tolist()], [round(v, 4) for v in c[2].tolist()]
     if len(x) > 8 and len(vec) == len(x):
-        return tr(f"for f(x) = {doc} at a random x and {w} of {len(x)} entries each",
-                  f"对于 f(x) = {doc}，在各有 {len(x)} 个元素的随机 x 和 {w} 处")
+        return tr("for f(x) = {doc} at a random x and {w} of {n_x} entries each",
+                  "对于 f(x) = {doc}，在各有 {n_x} 个元素的随机 x 和 {w} 处", doc=doc, w=w, n_x=len(x))
     if len(x) > 8:
-        return tr(f"for f(x) = {doc} at a random x of {len(x)} entries and {w} of {len(vec)}",
-                  f"对于 f(x) = {doc}，在随机的 x（{len(x)} 个元素）和 {w}（{len(vec)} 个元素）处")
-    return tr(f"for f(x) = {doc} at x = {x}, {w} = {vec}", f"对于 f(x) = {doc}，在 x = {x}、{w} = {vec} 处")
+        return tr("for f(x) = {doc} at a random x of {n_x} entries and {w} of {n_vec}",
+                  "对于 f(x) = {doc}，在随机的 x（{n_x} 个元素）和 {w}（{n_vec} 个元素）处",
+                  doc=doc, n_x=len(x), w=w, n_vec=len(vec))
+    return tr("for f(x) = {doc} at x = {x}, {w} = {vec}", "对于 f(x) = {doc}，在 x = {x}、{w} = {vec} 处",
+              doc=doc, x=x, w=w, vec=vec)
 
 
 q3 = Exercise(
@@ -204,8 +206,8 @@ q4 = Exercise(
     cases=_cases_q4,
     observe=_observe_q4,
     describe=lambda c: tr(
-        f"for f(x) = {c[0].__doc__} at x = {c[1].tolist()}",
-        f"对于 f(x) = {c[0].__doc__}，在 x = {c[1].tolist()} 处"
+        "for f(x) = {doc} at x = {values}", "对于 f(x) = {doc}，在 x = {values} 处",
+        doc=c[0].__doc__, values=c[1].tolist()
     ),
     tol=(1e-7, 1e-9),  # float64, as the task asks
     mistakes=dict(
@@ -267,8 +269,9 @@ q5 = Exercise(
     cases=_cases_q5,
     observe=_observe_q5,
     describe=lambda c: tr(
-        f"for out = {c[2]}" + (f" at {', '.join(f'{k} = {v}' for k, v in c[3].items())}" if c[3] else ""),
-        f"对于 out = {c[2]}" + (f"，在 {'、'.join(f'{k} = {v}' for k, v in c[3].items())} 处" if c[3] else ""),
+        "for out = {out}{at}", "对于 out = {out}{at}", out=c[2],
+        at=tr(" at {points}", "，在 {points} 处", points=tr(", ", "、").join(f"{k} = {v}" for k, v in c[3].items()))
+        if c[3] else "",
     ),
     mistakes=dict(  # in the order they are tried: the first that behaves like the answer gives its reason
         called_backward=_mistake_backward,
@@ -319,7 +322,7 @@ def _cases_q6():
 
 
 def _observe_q6(fn, case):  # "without building the Jacobian": u has an entry per output
-    return _observe_product(fn, case, "vjp(f, x, u)", _WIDE_K, ("Jacobian", "雅可比矩阵"))
+    return _observe_product(fn, case, "vjp(f, x, u)", _WIDE_K, tr("Jacobian", "雅可比矩阵"))
 
 
 q6 = Exercise(

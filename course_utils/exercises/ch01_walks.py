@@ -10,7 +10,7 @@ import torch
 from torch.autograd import backward as _bound_backward
 from torch.autograd import grad as _bound_grad
 
-from ..i18n import spaced, tr
+from ..i18n import tr
 from .core import Incorrect, as_tensor, kind, take
 from .probes import counting_ops, engine_runs, graph_nodes
 
@@ -115,9 +115,8 @@ def _observe_q5(fn, case):
         grads = fn(out)
     if not isinstance(grads, dict):
         raise Incorrect(tr(
-            f"backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind(grads)}.",
-            spaced("backward_walk(out) 应该返回一个 dict {叶子张量: 梯度}，但它返回的是",
-                   kind(grads), "。"),
+            "backward_walk(out) should return a dict {{leaf tensor: gradient}}, but it returns {kind}.",
+            "backward_walk(out) 应该返回一个 dict {{叶子张量: 梯度}}，但它返回的是{kind}。", kind=kind(grads),
         ))
     yield tr("what your function did to the graph",
              "你的函数对计算图的影响"), _graph_state(out, leaves, runs)
@@ -133,15 +132,13 @@ def _observe_q5(fn, case):
                          "你的遍历没有到达它。要沿着 node.next_functions 的每一项，一直走到 "
                          "AccumulateGrad 节点。")
             else:
-                found = tr(f"its keys are: {', '.join(map(kind, keys))}.",
-                           f"它的键是：{'、'.join(map(kind, keys))}。")
+                found = tr("its keys are: {kinds}.", "它的键是：{kinds}。", kinds=tr(", ", "、").join(map(kind, keys)))
                 found = found if keys else tr("it is empty.", "它是空的。")
-                why = tr("its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); "
-                         f"{found}",
-                         f"它的键应该是叶子张量本身（AccumulateGrad 节点的 .variable）；{found}")
-            raise Incorrect(tr(f"the dict has no entry for the leaf {name}: {why}",
-                               f"这个 dict 中没有叶子张量 {name} 的条目：{why}"))
-        gradient = tr(f"the gradient for {name}", f"{name} 的梯度")
+                why = tr("its keys should be the leaf tensors themselves (an AccumulateGrad node's .variable); {found}",
+                         "它的键应该是叶子张量本身（AccumulateGrad 节点的 .variable）；{found}", found=found)
+            raise Incorrect(tr("the dict has no entry for the leaf {name}: {why}",
+                               "这个 dict 中没有叶子张量 {name} 的条目：{why}", name=name, why=why))
+        gradient = tr("the gradient for {name}", "{name} 的梯度", name=name)
         yield gradient, as_tensor(grads[leaf], gradient)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..i18n import spaced, tr
+from ..i18n import tr
 from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, take, variant
 from .probes import global_module_hooks
 from .shared import module_facts
@@ -54,7 +54,7 @@ q1 = Exercise(
     form=nn.Module,
     cases=lambda: [torch.rand(4, 1, 28, 28), torch.rand(3, 1, 28, 28) * 2 - 1],  # seeded
     observe=lambda cls, x: module_facts(cls, FixedNet, x),
-    describe=lambda x: tr(f"for a batch of shape {tuple(x.shape)}", f"对于形状为 {tuple(x.shape)} 的批次"),
+    describe=lambda x: tr("for a batch of shape {shape}", "对于形状为 {shape} 的批次", shape=tuple(x.shape)),
     mistakes=dict(
         plain_list=ListNet,
         half_registered=_HalfFixed,
@@ -124,7 +124,7 @@ q2 = Exercise(
     form=nn.Module,
     cases=lambda: [torch.tensor([2.0, 3.0]), torch.tensor(0.5), torch.tensor([-1.0, 4.0, 0.25])],
     observe=_scale_facts,
-    describe=lambda f: tr(f"for factor = {f.tolist()}", f"当 factor = {f.tolist()} 时"),
+    describe=lambda f: tr("for factor = {values}", "当 factor = {values} 时", values=f.tolist()),
     mistakes=dict(
         plain_attribute=variant(Scale, _BUFFER, "factor = factor"),
         persistent=variant(Scale, ", persistent=False", ""),
@@ -225,11 +225,11 @@ def _pairs(fn, case):
     try:
         pairs = [(str(n), tuple(as_ints(take(s, 8)))) for n, s in take(out)]
     except (TypeError, ValueError, Incorrect):
-        raise Incorrect(tr(
-            f"return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {type(out).__name__}.",
-            spaced("请返回一个由 (name, shape) 对组成的列表，例如 [('0', (5, 784)), ...]，而不是",
-                   kind(out), "。"),
-        )) from None
+        # the English names the type, the Chinese says what it is (一个列表)
+        it = tr("{type}{kind:.0}", "{type:.0}{kind}", type=type(out).__name__, kind=kind(out))
+        raise Incorrect(tr("return a list of (name, shape) pairs, e.g. [('0', (5, 784)), ...], not {it}.",
+                           "请返回一个由 (name, shape) 对组成的列表，例如 [('0', (5, 784)), ...]，而不是{it}。",
+                           it=it)) from None
     on_model = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     return {tr("the (name, shape) pairs", "(name, shape) 对"): pairs,
             tr("the number of hooks left on the model", "模型上残留的钩子个数"): on_model,
@@ -261,8 +261,8 @@ def _global_hook(model, x):
 
 def _describe_q4(c):
     leaves = [n for n, m in c[0].named_modules() if not list(m.children())]
-    return tr(f"for x of shape {tuple(c[1].shape)} through a model with leaves {leaves}",
-              f"对于形状为 {tuple(c[1].shape)} 的 x，经过叶子模块为 {leaves} 的模型时")
+    return tr("for x of shape {shape} through a model with leaves {leaves}",
+              "对于形状为 {shape} 的 x，经过叶子模块为 {leaves} 的模型时", shape=tuple(c[1].shape), leaves=leaves)
 
 
 q4 = Exercise(
@@ -326,10 +326,10 @@ def _groups_facts(fn, case):
     for g in groups:
         if not isinstance(g, dict) or "params" not in g:
             raise Incorrect(tr(
-                "return a list of dicts, each with a 'params' list and its 'weight_decay', not a list "
-                f"holding {kind(g)}.",
-                spaced("请返回一个由 dict 组成的列表，每个 dict 有一个 'params' 列表和它的 "
-                       "'weight_decay'，而不是装着", kind(g), "的列表。"),
+                "return a list of dicts, each with a 'params' list and its 'weight_decay', not a list holding {kind}.",
+                "请返回一个由 dict 组成的列表，每个 dict 有一个 'params' 列表和它的 'weight_decay'，"
+                "而不是装着{kind}的列表。",
+                kind=kind(g),
             ))
         params = [g["params"]] if isinstance(g["params"], torch.Tensor) else take(g["params"], 100)
         if isinstance(g["params"], Iterator):  # a generator is used up by take(): AdamW gets what it gave
@@ -365,10 +365,10 @@ q5 = Exercise(
     cases=_groups_cases,
     observe=_groups_facts,
     describe=lambda c: tr(
-        f"for {'TiedTagger()' if isinstance(c[0], TiedTagger) else 'a small CNN with GroupNorm'} and "
-        f"weight_decay={c[1]}",
-        f"对于 {'TiedTagger()' if isinstance(c[0], TiedTagger) else '一个带 GroupNorm 的小 CNN'}"
-        f"、weight_decay={c[1]}",
+        "for {model} and weight_decay={weight_decay}", "对于 {model}、weight_decay={weight_decay}",
+        model="TiedTagger()" if isinstance(c[0], TiedTagger)
+        else tr("a small CNN with GroupNorm", "一个带 GroupNorm 的小 CNN"),
+        weight_decay=c[1],
     ),
     mistakes=dict(
         tied_twice=variant(param_groups, "for p in model.parameters():",

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ..data import image_paths, load_image
-from ..i18n import spaced, tr
+from ..i18n import tr
 from .core import Exercise, Incorrect, as_ints, as_number, as_tensor, kind, take, variant
 
 
@@ -38,14 +38,15 @@ def _files():
 def _item(pair: Any, i: int) -> tuple:
     if not isinstance(pair, tuple | list) or len(pair) != 2:
         raise Incorrect(tr(
-            f"`dataset[{i}]` should return a pair `(image, label)`, but it returns {kind(pair)}. Without the label the "
+            "`dataset[{i}]` should return a pair `(image, label)`, but it returns {kind}. Without the label the "
             "DataLoader has nothing to train against.",
-            spaced(f"`dataset[{i}]` 应该返回一个二元组 `(image, label)`，但它返回的是", kind(pair),
-                   "。没有标签，DataLoader 就没有可以用来训练的目标。"),
+            "`dataset[{i}]` 应该返回一个二元组 `(image, label)`，但它返回的是{kind}。没有标签，DataLoader "
+            "就没有可以用来训练的目标。",
+            i=i, kind=kind(pair),
         ))
     image, label = pair
     image = image.detach() if isinstance(image, torch.Tensor) else image
-    return image, as_number(label, tr(f"the label of `dataset[{i}]`", f"`dataset[{i}]` 的标签"), whole=True)
+    return image, as_number(label, tr("the label of `dataset[{i}]`", "`dataset[{i}]` 的标签", i=i), whole=True)
 
 
 def _dataset_facts(cls, case):
@@ -56,18 +57,18 @@ def _dataset_facts(cls, case):
     yield "len(dataset)", as_number(len(ds), "len(dataset)", whole=True)
     for transform in (None, ToTensor()):
         ds = cls(list(paths), list(labels), transform=transform)
-        w = " with transform=ToTensor()" if transform else ""
-        zh = "使用 transform=ToTensor() 时，" if transform else ""
+        w = tr(" with transform=ToTensor()", "使用 transform=ToTensor() 时，") if transform else ""
         for i in range(len(paths)):
             image, label = _item(ds[i], i)
-            yield tr(f"the label of dataset[{i}]{w}", f"{zh}dataset[{i}] 的标签"), label
+            yield tr("the label of dataset[{i}]{w}", "{w}dataset[{i}] 的标签", i=i, w=w), label
             if isinstance(image, torch.Tensor):
                 what = tr("a tensor", "张量")
             else:
                 what = tr("a PIL image or array", "PIL 图像或数组")
-            yield tr(f"the kind of image dataset[{i}] returns{w}", f"{zh}dataset[{i}] 返回的图像类型"), what
-            yield tr(f"the image shape of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像形状"), tuple(np.shape(image))
-            yield tr(f"the image of dataset[{i}]{w}", f"{zh}dataset[{i}] 的图像"), _pixels(image)
+            yield tr("the kind of image dataset[{i}] returns{w}", "{w}dataset[{i}] 返回的图像类型", i=i, w=w), what
+            yield (tr("the image shape of dataset[{i}]{w}", "{w}dataset[{i}] 的图像形状", i=i, w=w),
+                   tuple(np.shape(image)))
+            yield tr("the image of dataset[{i}]{w}", "{w}dataset[{i}] 的图像", i=i, w=w), _pixels(image)
 
 
 def _pixels(image) -> torch.Tensor:
@@ -83,8 +84,8 @@ q1 = Exercise(
     form=Dataset,
     cases=_files,
     observe=_dataset_facts,
-    describe=lambda c: tr(f"for the {len(c[0])} files {[p.name for p in c[0]]}",
-                          f"对于 {len(c[0])} 个文件 {[p.name for p in c[0]]}"),
+    describe=lambda c: tr("for the {n_c} files {value}", "对于 {n_c} 个文件 {value}",
+                          n_c=len(c[0]), value=[p.name for p in c[0]]),
     mistakes=dict(
         no_transform=variant(MyDataset, "if self.transform is not None:", "if False:"),
         no_label=variant(MyDataset, "return image, self.labels[idx]", "return image"),
@@ -125,8 +126,8 @@ def _collate_facts(fn, batch):
     out = fn([(s.clone(), y) for s, y in batch])
     if not isinstance(out, tuple | list):
         it = kind(out)
-        raise Incorrect(tr(f"`collate(batch)` should return `(padded, lengths, labels)`, not {it}.",
-                           spaced("`collate(batch)` 应该返回 `(padded, lengths, labels)`，而不是", it, "。")))
+        raise Incorrect(tr("`collate(batch)` should return `(padded, lengths, labels)`, not {it}.",
+                           "`collate(batch)` 应该返回 `(padded, lengths, labels)`，而不是{it}。", it=it))
     yield tr("the number of things returned", "返回值的个数"), len(out)
     padded, lengths, labels = out
     padded = as_tensor(padded, "`padded`")
@@ -146,8 +147,7 @@ q2 = Exercise(
     collate,
     cases=_batches,
     observe=_collate_facts,
-    describe=lambda b: tr(f"for the batch {[(s.tolist(), y) for s, y in b]}",
-                          f"对于批次 {[(s.tolist(), y) for s, y in b]}"),
+    describe=lambda b: tr("for the batch {value}", "对于批次 {value}", value=[(s.tolist(), y) for s, y in b]),
     mistakes=dict(
         no_lengths=lambda batch: collate(batch)[::2],
         float_ids=_zeros_then_filled,
@@ -197,7 +197,7 @@ q3 = Exercise(
         tr("the items delivered (sorted)",
            "产出的数据项（排序后）"): sorted(_as_workers(cls(c[0]), c[1], limit=c[0] + 1))
     },
-    describe=lambda c: tr(f"for n={c[0]} with num_workers={c[1]}", f"当 n={c[0]}、num_workers={c[1]} 时"),
+    describe=lambda c: tr("for n={c} with num_workers={c2}", "当 n={c}、num_workers={c2} 时", c=c[0], c2=c[1]),
     mistakes=dict(
         every_worker_all=variant(ShardedRange, "range(worker, self.n, workers)", "range(self.n)"),
         remainder_lost=variant(
@@ -229,7 +229,7 @@ q4 = Exercise(
     balanced_weights,
     cases=lambda: [torch.tensor(labels) for labels in _LABELS],
     observe=_weight_facts,
-    describe=lambda labels: tr(f"for labels {labels.tolist()}", f"对于标签 {labels.tolist()}"),
+    describe=lambda labels: tr("for labels {values}", "对于标签 {values}", values=labels.tolist()),
     mistakes=dict(
         per_class=lambda labels: 1.0 / torch.bincount(labels).double(),
         proportional=lambda labels: torch.bincount(labels)[labels].double(),
@@ -323,7 +323,7 @@ q5 = Exercise(
     pick_num_workers,
     cases=_timings,
     observe=_pick_facts,
-    describe=lambda s: tr(f"for seconds = {s}", f"当 seconds = {s} 时"),
+    describe=lambda s: tr("for seconds = {s}", "当 seconds = {s} 时", s=s),
     mistakes=dict(
         greedy=_greedy,
         fastest=variant(pick_num_workers, "m <= 1.05 * best", "m == best"),
@@ -355,8 +355,8 @@ class Numbered(Dataset):
 
 def _items(part: Any, what: str) -> list[int]:
     n = as_number(len(part), f"len({what})", whole=True)
-    return [as_number(part[i], tr(f"an item of {what}",
-                                  f"{what} 中的一项"), whole=True) for i in range(min(n, 1000))]
+    return [as_number(part[i], tr("an item of {what}", "{what} 中的一项",
+                                  what=what), whole=True) for i in range(min(n, 1000))]
 
 
 _GLOBAL = (  # the global generators a split could draw from or reseed: (name, get state, set state, seed)
@@ -403,9 +403,8 @@ def _split_facts(fn, case):
         after.append(_global_states())
         parts = take(out, 3)
         if len(parts) != 2:
-            raise Incorrect(tr(f"train_val_split should return two datasets (train, val), not {kind(out)}.",
-                               spaced("train_val_split 应该返回两个数据集 (train, val)，而不是",
-                                      kind(out), "。")))
+            raise Incorrect(tr("train_val_split should return two datasets (train, val), not {kind}.",
+                               "train_val_split 应该返回两个数据集 (train, val)，而不是{kind}。", kind=kind(out)))
         if start == 0:
             train, val = _items(parts[0], "train"), _items(parts[1], "val")
         else:
@@ -426,8 +425,8 @@ q6 = Exercise(
     train_val_split,
     cases=lambda: [(40, 0.25), (30, 0.25), (11, 0.3)],
     observe=_split_facts,
-    describe=lambda c: tr(f"for a dataset of {c[0]} items and val_fraction={c[1]}",
-                          f"对于一个有 {c[0]} 项的数据集、val_fraction={c[1]}"),
+    describe=lambda c: tr("for a dataset of {c} items and val_fraction={c2}",
+                          "对于一个有 {c} 项的数据集、val_fraction={c2}", c=c[0], c2=c[1]),
     mistakes=dict(
         global_generator=variant(train_val_split, ", generator=g)", ")"),
         not_shuffled=lambda dataset, val_fraction, seed: (

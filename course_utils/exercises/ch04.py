@@ -15,7 +15,7 @@ from torch.utils.data import DistributedSampler
 from ..data import sampler_indices
 from ..i18n import tr
 from . import core
-from .compare import STUB
+from .compare import stub_message
 from .core import Exercise, Incorrect, NotAttempted, as_ints, as_number, take, variant
 
 
@@ -189,12 +189,11 @@ def _launch(answers, timeout):
         except LaunchError as exc:
             last = next((line for text in exc.stderr for line in reversed(text.splitlines()) if line.strip()), "")
             failed = {"incorrect": tr(
-                f"your function made a rank fail or hang on 3 real processes (within {timeout:g} s; "
-                f"{last.strip()[:300] or type(exc).__name__}). Every rank must make the same collective calls, "
-                "in the same order, and finish.",
-                f"你的函数让某个 rank 在 3 个真实进程上失败或卡住了（时限 {timeout:g} 秒；"
-                f"{last.strip()[:300] or type(exc).__name__}）。每个 rank "
+                "your function made a rank fail or hang on 3 real processes (within {timeout:g} s; {value}). Every "
+                "rank must make the same collective calls, in the same order, and finish.",
+                "你的函数让某个 rank 在 3 个真实进程上失败或卡住了（时限 {timeout:g} 秒；{value}）。每个 rank "
                 "都必须以相同的顺序做相同的集合通信调用，并且能够结束。",
+                timeout=timeout, value=last.strip()[:300] or type(exc).__name__,
             )}
             for fn in answers:
                 _ON_RANKS[_key(fn)] = failed
@@ -216,8 +215,8 @@ class OnRanks(Exercise):
             try:
                 _launch([answer], timeout=core.TIME_LIMIT_S + LAUNCH_ALLOWANCE_S)
             except Exception as exc:  # a check never raises: the judging below says what went wrong
-                _ON_RANKS[_key(answer)] = {"incorrect": tr(f"the check could not start its ranks ({exc}).",
-                                                           f"检查程序无法启动它的 rank（{exc}）。")}
+                _ON_RANKS[_key(answer)] = {"incorrect": tr("the check could not start its ranks ({exc}).",
+                                                           "检查程序无法启动它的 rank（{exc}）。", exc=exc)}
         return super().check(answer)
 
 
@@ -225,11 +224,10 @@ def _two_step_facts(fn, world):
     if not _runs_alone(fn):
         free = ", ".join(getattr(getattr(fn, "__code__", None), "co_freevars", ()))
         raise Incorrect(tr(
-            f"pass a function written with def whose code runs alone on each rank, with only `torch` and `dist`"
-            f"{f' (yours uses names from the function around it: {free})' if free else ''}.",
-            "请传入一个用 def 定义的函数，它的代码要能在每个 rank 上单独运行，只用到 "
-            "`torch` 和 `dist`"
-            f"{f'（你的函数用到了外层函数中的名字：{free}）' if free else ''}。",
+            "pass a function written with def whose code runs alone on each rank, with only `torch` and `dist`{free}.",
+            "请传入一个用 def 定义的函数，它的代码要能在每个 rank 上单独运行，只用到 `torch` 和 `dist`{free}。",
+            free=tr(" (yours uses names from the function around it: {free})",
+                    "（你的函数用到了外层函数中的名字：{free}）", free=free) if free else "",
         ))
     if _key(fn) not in _ON_RANKS:
         own = [q2.model_answer, *q2.mistakes.values()]
@@ -250,20 +248,21 @@ def _two_step_facts(fn, world):
                 ))
             code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
             if kind == "NotImplementedError" and own and (code.startswith("raise") if code else not text):
-                raise NotAttempted(tr(*STUB))  # the learner's unfinished body, as compare._is_stub judges it
-            where = tr(f" (line {line}: `{code}`)", f"（第 {line} 行：`{code}`）") if code else ""
+                raise NotAttempted(stub_message())  # the learner's unfinished body, as compare._is_stub judges it
+            where = tr(" (line {line}: `{code}`)", "（第 {line} 行：`{code}`）", line=line, code=code) if code else ""
             raise Incorrect(tr(
-                f"on {world} ranks, your function raised {kind}: {' '.join(text)} on rank {rank}{where}.",
-                f"在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: "
-                f"{' '.join(text)}{where}。",
+                "on {world} ranks, your function raised {kind}: {text} on rank {rank}{where}.",
+                "在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: {text}{where}。",
+                world=world, kind=kind, text=' '.join(text), rank=rank, where=where,
             ))
         bad = next((x for x in rec["returned"] if isinstance(x, str)), None)
         if bad is not None:
-            raise Incorrect(tr(f"on {world} ranks, rank {rank} returned {bad}, not the tensor of sums.",
-                               f"在 {world} 个 rank 上，rank {rank} 返回的是 "
-                               f"{bad}，而不是求和后的张量。"))
+            raise Incorrect(tr("on {world} ranks, rank {rank} returned {bad}, not the tensor of sums.",
+                               "在 {world} 个 rank 上，rank {rank} 返回的是 {bad}，而不是求和后的张量。",
+                               world=world, rank=rank, bad=bad))
     for k, text in enumerate(_CASE_TEXT):
-        yield (tr(f"what ranks 0..{world - 1} return for {text}", f"对于 {text}，rank 0..{world - 1} 的返回值"),
+        yield (tr("what ranks 0..{value} return for {text}", "对于 {text}，rank 0..{value} 的返回值",
+                  value=world - 1, text=text),
                [rec["returned"][k] for rec in found])
     calls = set(found[0]["calls"])  # after the results: a wrong result says more than a call
     yield (tr("the collectives it calls that do the job in one go (all_reduce, reduce, broadcast)",
@@ -287,7 +286,7 @@ q2 = OnRanks(
     two_step_all_reduce,
     cases=lambda: [3, 2],
     observe=_two_step_facts,
-    describe=lambda world: tr(f"on {world} real processes", f"在 {world} 个真实进程上"),
+    describe=lambda world: tr("on {world} real processes", "在 {world} 个真实进程上", world=world),
     mistakes=dict(
         all_reduce_itself=_all_reduce_itself,
         own_chunk_only=variant(two_step_all_reduce, "return torch.cat(parts)", "return mine"),
@@ -320,9 +319,9 @@ q3 = Exercise(
     cases=lambda: [(12, 2, 1, 3), (10, 3, 0, 2), (7, 2, 1, 4)],
     observe=_orders,
     describe=lambda c: tr(
-        f"for a sampler over {c[0]} items, rank {c[2]} of {c[1]}, and epochs={c[3]}",
-        f"对于一个覆盖 {c[0]} 个数据项的采样器，在 {c[1]} 个 rank 中的 rank {c[2]} "
-        f"上，epochs={c[3]} 时",
+        "for a sampler over {c} items, rank {c2} of {c3}, and epochs={c4}",
+        "对于一个覆盖 {c} 个数据项的采样器，在 {c3} 个 rank 中的 rank {c2} 上，epochs={c4} 时",
+        c=c[0], c2=c[2], c3=c[1], c4=c[3],
     ),
     mistakes=dict(
         no_set_epoch=variant(epoch_orders, "sampler.set_epoch(epoch)", "pass"),

@@ -14,7 +14,7 @@ from unittest import mock
 import torch
 from torch.utils.data import DistributedSampler
 
-from ..i18n import spaced, tr
+from ..i18n import tr
 from .core import Exercise, Incorrect, as_ints, kind, variant
 from .shared import numbers_on_ranks
 
@@ -43,8 +43,8 @@ q1 = Exercise(
     global_accuracy,
     cases=lambda: _SHARDS,
     observe=lambda fn, s: numbers_on_ranks(fn, s, _rank_args),
-    describe=lambda s: tr(f"for (correct, total) = {s} on {len(s)} ranks",
-                          f"当 {len(s)} 个 rank 上的 (correct, total) = {s} 时"),
+    describe=lambda s: tr("for (correct, total) = {s} on {n_s} ranks",
+                          "当 {n_s} 个 rank 上的 (correct, total) = {s} 时", s=s, n_s=len(s)),
     mistakes=dict(
         mean_of_accuracies=variant(
             global_accuracy, "[correct, total]", "[correct / total, total / total]"
@@ -99,13 +99,11 @@ def _resume_facts(fn, case):
         resumed_epochs = None
     if resumed_epochs is None or isinstance(start, bool):
         raise Incorrect(tr(
-            f"the loop `for epoch in range(start, epochs)` cannot start from what you return ({kind(start)}): "
-            "range() needs a whole number of type int (a float like 3.0 raises TypeError). Return ckpt['epoch'] "
-            "as it is.",
-            spaced("循环 `for epoch in range(start, epochs)` 无法从你返回的值（", kind(start),
-                   "）开始：range() "
-                   "需要一个 int 类型的整数（像 3.0 这样的浮点数会引发 TypeError）。"
-                   "请原样返回 ckpt['epoch']。"),
+            "the loop `for epoch in range(start, epochs)` cannot start from what you return ({kind}): range() needs "
+            "a whole number of type int (a float like 3.0 raises TypeError). Return ckpt['epoch'] as it is.",
+            "循环 `for epoch in range(start, epochs)` 无法从你返回的值（{kind}）开始：range() 需要一个 int "
+            "类型的整数（像 3.0 这样的浮点数会引发 TypeError）。请原样返回 ckpt['epoch']。",
+            kind=kind(start),
         ))
     yield tr("the start epoch", "起始 epoch"), resumed_epochs.start
     for epoch in resumed_epochs:
@@ -119,8 +117,8 @@ q2 = Exercise(
     cases=lambda: [(2, 5, 3), (3, 4, 1)],
     observe=_resume_facts,
     describe=lambda c: tr(
-        f"for a checkpoint after {c[2]} of {c[1]} epochs ({c[0]} steps each)",
-        f"对于 {c[1]} 个 epoch 中训练完 {c[2]} 个之后保存的检查点（每个 epoch {c[0]} 步）",
+        "for a checkpoint after {c} of {c2} epochs ({c3} steps each)",
+        "对于 {c2} 个 epoch 中训练完 {c} 个之后保存的检查点（每个 epoch {c3} 步）", c=c[2], c2=c[1], c3=c[0],
     ),
     mistakes=dict(
         no_scheduler=variant(resume, 'scheduler.load_state_dict(ckpt["scheduler"])', "pass"),
@@ -151,7 +149,7 @@ q3 = Exercise(
     eval_shard,
     cases=lambda: [(359, 2), (10, 3), (7, 4), (3, 8), (144, 2), (0, 2)],
     observe=_shard_facts,
-    describe=lambda c: tr(f"with n={c[0]} on {c[1]} ranks", f"当 n={c[0]}、共 {c[1]} 个 rank 时"),
+    describe=lambda c: tr("with n={c} on {c2} ranks", "当 n={c}、共 {c2} 个 rank 时", c=c[0], c2=c[1]),
     mistakes=dict(
         padded=lambda n, r, w: list(DistributedSampler(range(n), w, r, shuffle=False)),
         remainder_lost=variant(
@@ -342,8 +340,8 @@ q4 = Exercise(
     cases=lambda: [("last.pt", False), ("ckpt.pth", True)],
     observe=_save_facts,
     describe=lambda c: tr(
-        f"for path=.../ckpt/{c[0]} (given as a {'str' if c[1] else 'Path'})",
-        f"当 path=.../ckpt/{c[0]}（以 {'str' if c[1] else 'Path'} 的形式给出）时",
+        "for path=.../ckpt/{c} (given as a {value})", "当 path=.../ckpt/{c}（以 {value} 的形式给出）时",
+        c=c[0], value='str' if c[1] else 'Path',
     ),
     mistakes=dict(
         overwrites=lambda obj, path: torch.save(obj, path),

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..i18n import spaced, tr
+from ..i18n import tr
 from .core import Exercise, Incorrect, as_number, kind, take, variant
 from .shared import module_facts
 
@@ -52,7 +52,7 @@ q1 = Exercise(
     form=nn.Module,
     cases=lambda: [torch.linspace(0, 1, 784 * 4).reshape(4, 784), torch.rand(6, 784)],
     observe=lambda cls, x: module_facts(cls, _reference_net, x),
-    describe=lambda x: tr(f"for a batch of shape {tuple(x.shape)}", f"对于形状为 {tuple(x.shape)} 的批次"),
+    describe=lambda x: tr("for a batch of shape {shape}", "对于形状为 {shape} 的批次", shape=tuple(x.shape)),
     mistakes=dict(
         layer_in_forward=variant(
             FixedNet, "nn.Linear(32, 10)", "None", "self.fc2(", "nn.Linear(32, 10)("
@@ -99,8 +99,8 @@ q2 = Exercise(
     accumulate_step,
     cases=lambda: [(4, 6), (2, 5), (3, 4)],
     observe=_accumulate_facts,
-    describe=lambda c: tr(f"for {c[0]} micro-batches of 4 samples with {c[1]} features",
-                          f"对于 {c[0]} 个微批次，每个含 4 个样本、{c[1]} 个特征"),
+    describe=lambda c: tr("for {c} micro-batches of 4 samples with {c2} features",
+                          "对于 {c} 个微批次，每个含 4 个样本、{c2} 个特征", c=c[0], c2=c[1]),
     mistakes=dict(
         no_scale=variant(accumulate_step, "(loss / k).backward()", "loss.backward()"),
         step_each=_step_each,
@@ -160,11 +160,10 @@ q3 = Exercise(
     cases=lambda: [(1, True, True), (2, False, True), (3, True, False)],
     observe=_evaluate_facts,
     describe=lambda c: tr(
-        f"for the model and data of seed {c[0]}, the model in {'train' if c[1] else 'eval'} mode and grad mode "
-        f"{'on' if c[2] else 'off'} when evaluate is called",
-        f"对于种子为 {c[0]} 的模型和数据，调用 evaluate "
-        f"时模型处于{'训练' if c[1] else '评估'}模式、梯度模式"
-        f"{'开启' if c[2] else '关闭'}",
+        "for the model and data of seed {seed}, the model in {mode} mode and grad mode {grad} when evaluate is called",
+        "对于种子为 {seed} 的模型和数据，调用 evaluate 时模型处于{mode}模式、梯度模式{grad}",
+        seed=c[0], mode=tr("train", "训练") if c[1] else tr("eval", "评估"),
+        grad=tr("on", "开启") if c[2] else tr("off", "关闭"),
     ),
     mistakes=dict(
         train_mode=variant(evaluate, "model.eval()", "pass"),
@@ -191,9 +190,8 @@ def _loader_facts(fn, case):
             torch.manual_seed(0)  # every rank seeds the same way
             loader = fn(list(range(n)), rank, world, epoch)
             if not isinstance(loader, DataLoader):
-                raise Incorrect(tr(f"make_loader should return a DataLoader, not {kind(loader)}.",
-                                   spaced("make_loader 应该返回一个 DataLoader，而不是",
-                                          kind(loader), "。")))
+                raise Incorrect(tr("make_loader should return a DataLoader, not {kind}.",
+                                   "make_loader 应该返回一个 DataLoader，而不是{kind}。", kind=kind(loader)))
             batches = [torch.as_tensor(b).reshape(-1) for b in take(loader, n + 1)]
             sizes += [len(b) for b in batches]
             row.append([as_number(v, whole=True) for b in batches for v in b])
@@ -217,8 +215,8 @@ q4 = Exercise(
     make_loader,
     cases=lambda: [(20, 2, 2), (24, 3, 3)],
     observe=_loader_facts,
-    describe=lambda c: tr(f"for {c[0]} samples, {c[1]} ranks and {c[2]} epochs",
-                          f"对于 {c[0]} 个样本、{c[1]} 个 rank 和 {c[2]} 个 epoch"),
+    describe=lambda c: tr("for {c} samples, {c2} ranks and {c3} epochs",
+                          "对于 {c} 个样本、{c2} 个 rank 和 {c3} 个 epoch", c=c[0], c2=c[1], c3=c[2]),
     mistakes=dict(
         same_samples=lambda dataset, *_: DataLoader(dataset, batch_size=4, shuffle=True),
         same_order=variant(make_loader, "sampler.set_epoch(epoch)", "pass"),
@@ -308,13 +306,26 @@ Path(sys.argv[2], f"rank{ctx.rank}.json").write_text(json.dumps(entries))
 sys.stdout.flush()
 os._exit(0)  # at once: the ranks' tails may never match
 """
-_FR_CASES = (("eval", 2, "rank 0 evaluates through the DDP wrapper after the last epoch, "
-                         "rank 1 goes to the final barrier"),
-             ("sizes", 2, "the ranks all-reduce tensors of different sizes"),
-             ("ring", 2, "a long job: each rank's record holds only its last 200 collectives"),
-             ("ahead", 2, "rank 0 makes one collective more than rank 1"),
-             ("dtype", 3, "3 ranks: rank 2 broadcasts int64 where ranks 0 and 1 broadcast float32"),
-             ("agree", 3, "3 ranks that stay in step"))
+_FR_CASES = (("eval", 2), ("sizes", 2), ("ring", 2), ("ahead", 2), ("dtype", 3), ("agree", 3))
+
+
+def _fr_case_words(name: str) -> str:
+    """What the job of case `name` does, in the course's language."""
+    match name:
+        case "eval":
+            return tr("rank 0 evaluates through the DDP wrapper after the last epoch, rank 1 goes to the final barrier",
+                      "最后一个 epoch 之后，rank 0 通过 DDP 包装器做评估，rank 1 进入最后的 barrier")
+        case "sizes":
+            return tr("the ranks all-reduce tensors of different sizes", "各 rank 对大小不同的张量做 all_reduce")
+        case "ring":
+            return tr("a long job: each rank's record holds only its last 200 collectives",
+                      "一个很长的作业：每个 rank 的记录只保留最近 200 次集合通信")
+        case "ahead":
+            return tr("rank 0 makes one collective more than rank 1", "rank 0 比 rank 1 多做了一次集合通信")
+        case "dtype":
+            return tr("3 ranks: rank 2 broadcasts int64 where ranks 0 and 1 broadcast float32",
+                      "3 个 rank：rank 0 和 rank 1 广播 float32 时，rank 2 广播的是 int64")
+    return tr("3 ranks that stay in step", "3 个 rank 始终保持一致")
 
 
 @functools.cache
@@ -325,7 +336,7 @@ def _flight_records():
     found = []
     with tempfile.TemporaryDirectory(prefix="ch06-q5-") as folder:
         Path(folder, "desync.py").write_text(_FR_JOB)
-        for name, nproc, _ in _FR_CASES:
+        for name, nproc in _FR_CASES:
             out = Path(folder, name)
             out.mkdir()
             for attempt in (1, 2, 3):  # a job of the check's own that failed on a busy machine: again
@@ -335,10 +346,10 @@ def _flight_records():
                     break
                 except LaunchError as exc:  # the check's own jobs: not the learner's fault, and not cached
                     if attempt == 3:
-                        raise Incorrect(tr(f"the check could not run the job whose records it needs ({exc}); "
-                                           "check again.",
-                                           f"检查程序无法运行它所需记录的那个作业（{exc}）；"
-                                           "请再检查一次。")) from None
+                        raise Incorrect(tr("the check could not run the job whose records it needs ({exc}); check "
+                                           "again.",
+                                           "检查程序无法运行它所需记录的那个作业（{exc}）；请再检查一次。",
+                                           exc=exc)) from None
             found.append({r: json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)})
     return tuple(found)
 
@@ -354,8 +365,8 @@ q5 = Exercise(
     first_desync,
     cases=lambda: range(len(_FR_CASES)),
     observe=_desync_facts,
-    describe=lambda i: tr(f"for the dumps of a real job where {_FR_CASES[i][2]}",
-                          f"对于一个真实作业的转储（{_FR_CASES_ZH[i]}）"),
+    describe=lambda i: tr("for the dumps of a real job where {job}", "对于一个真实作业的转储（{job}）",
+                          job=_fr_case_words(_FR_CASES[i][0])),
     mistakes=dict(
         two_ranks_only=_two_ranks_only,
         common_seqs_only=_common_seqs_only,
@@ -363,11 +374,5 @@ q5 = Exercise(
         by_position=_by_position,
     ),
 )
-_FR_CASES_ZH = ("最后一个 epoch 之后，rank 0 通过 DDP 包装器做评估，rank 1 进入最后的 barrier",
-                "各 rank 对大小不同的张量做 all_reduce",
-                "一个很长的作业：每个 rank 的记录只保留最近 200 次集合通信",
-                "rank 0 比 rank 1 多做了一次集合通信",
-                "3 个 rank：rank 0 和 rank 1 广播 float32 时，rank 2 广播的是 int64",
-                "3 个 rank 始终保持一致")
 
 EXERCISES = [q1, q2, q3, q4, q5]

@@ -37,8 +37,8 @@ def _run_on_ranks(script: str, stem: str, answers: list[Any], wrap=lambda items:
             torchrun(SCRIPTS / script, nproc=2, args=["--plans", plans, "--out", folder], timeout=LAUNCH_TIMEOUT_S,
                      backend="gloo", show=False, cwd=ROOT / "notebooks")
         except LaunchError as exc:
-            raise Incorrect(tr(f"the check could not run on 2 ranks: {exc.error or exc}",
-                               f"检查无法在 2 个 rank 上运行：{exc.error or exc}")) from None
+            raise Incorrect(tr("the check could not run on 2 ranks: {value}", "检查无法在 2 个 rank 上运行：{value}",
+                               value=exc.error or exc)) from None
         results = json.loads(Path(folder, f"{stem}_rank0.json").read_text())["results"]
     for a, res in zip(todo, results, strict=True):
         _RESULTS[(script, json.dumps(a, sort_keys=True))] = res
@@ -96,9 +96,8 @@ def _observe_q1(answer, _):
     try:
         spec = plan_to_spec(answer)
     except ValueError as exc:
-        raise Incorrect(tr(f"{exc}. Write the plan as a dict such as {{'q': ColwiseParallel(), ...}}.",
-                           f"{exc}。请把计划写成一个字典，"
-                           "例如 {'q': ColwiseParallel(), ...}。")) from None
+        raise Incorrect(tr("{exc}. Write the plan as a dict such as {{'q': ColwiseParallel(), ...}}.",
+                           "{exc}。请把计划写成一个字典，例如 {{'q': ColwiseParallel(), ...}}。", exc=exc)) from None
     others = [plan_to_spec(answer_q1())] + [plan_to_spec(m) for m in _q1_mistakes().values()]
     res = _ranks_said("tensor_parallel.py", "tp_plans", spec, others)
     yield tr("the error on the ranks", "各 rank 上的报错"), res.get("error", tr("none", "无"))
@@ -127,8 +126,7 @@ q2 = Exercise(
     bubble,
     cases=lambda: _Q2_CASES,
     observe=lambda fn, c: as_number(fn(*c), tr("the bubble fraction", "气泡比例")),
-    describe=lambda c: tr(f"for {c[0]} stages and {c[1]} micro-batches",
-                          f"当有 {c[0]} 个阶段、{c[1]} 个微批次时"),
+    describe=lambda c: tr("for {c} stages and {c2} micro-batches", "当有 {c} 个阶段、{c2} 个微批次时", c=c[0], c2=c[1]),
     mistakes=dict(
         per_microbatch=variant(bubble, "(microbatches + stages - 1)", "microbatches"),
         all_stages_wait=variant(bubble, "(stages - 1) /", "stages /"),
@@ -159,23 +157,23 @@ def _as_plan(answer) -> list:
     what = tr("your plan", "你的计划")
     ranks = take(answer, Q3_WORLD + 1)
     if len(ranks) != Q3_WORLD:
-        raise Incorrect(tr(f"{what} should have one list of batches for each of the {Q3_WORLD} ranks, "
-                           f"not {len(ranks)}.",
-                           f"{what}应当为 {Q3_WORLD} 个 rank 各给出一个批次列表，"
-                           f"而不是 {len(ranks)} 个。"))
+        raise Incorrect(tr("{what} should have one list of batches for each of the {world} ranks, not {n}.",
+                           "{what}应当为 {world} 个 rank 各给出一个批次列表，而不是 {n} 个。",
+                           what=what, world=Q3_WORLD, n=len(ranks)))
     plan = []
     for r, rank in enumerate(ranks):
         batches = take(rank, len(Q3_LENGTHS) + 1)
-        plan.append([as_ints(b, tr(f"a batch of rank {r}", f"rank {r} 的一个批次")) for b in batches])
+        plan.append([as_ints(b, tr("a batch of rank {r}", "rank {r} 的一个批次", r=r)) for b in batches])
         shape = [len(b) for b in plan[-1]]
         if shape != [Q3_BATCH] * Q3_STEPS:
-            raise Incorrect(tr(f"rank {r} should read {Q3_STEPS} batches of {Q3_BATCH} samples each; its batches "
-                               f"have {shape} samples.",
-                               f"rank {r} 应当读取 {Q3_STEPS} 个批次，每批 {Q3_BATCH} 个样本；"
-                               f"它的批次分别有 {shape} 个样本。"))
+            raise Incorrect(tr("rank {r} should read {Q3_STEPS} batches of {Q3_BATCH} samples each; its batches have "
+                               "{shape} samples.",
+                               "rank {r} 应当读取 {Q3_STEPS} 个批次，每批 {Q3_BATCH} 个样本；它的批次分别有 {shape} "
+                               "个样本。",
+                               r=r, Q3_STEPS=Q3_STEPS, Q3_BATCH=Q3_BATCH, shape=shape))
     if any(not 0 <= i < len(Q3_LENGTHS) for rank in plan for b in rank for i in b):
-        raise Incorrect(tr(f"every index must be a sample of Q3_LENGTHS: 0 to {len(Q3_LENGTHS) - 1}.",
-                           f"每个索引都必须是 Q3_LENGTHS 中的样本：0 到 {len(Q3_LENGTHS) - 1}。"))
+        raise Incorrect(tr("every index must be a sample of Q3_LENGTHS: 0 to {value}.",
+                           "每个索引都必须是 Q3_LENGTHS 中的样本：0 到 {value}。", value=len(Q3_LENGTHS) - 1))
     return plan
 
 
@@ -193,7 +191,7 @@ def _observe_q3(answer, _):
     steps = list(zip(*res["tokens"], strict=True))
     ratio = sum(max(s) for s in steps) / sum(sum(s) / len(s) for s in steps)
     balanced = (tr("yes", "是") if ratio <= 1.05
-                else tr(f"no: {ratio:.2f} times the mean", f"否：是平均值的 {ratio:.2f} 倍"))
+                else tr("no: {ratio:.2f} times the mean", "否：是平均值的 {ratio:.2f} 倍", ratio=ratio))
     yield tr("balanced (the busiest rank's tokens, summed over the steps, at most 1.05 times the mean's)",
              "是否均衡（各步中最忙 rank 的 token 数之和不超过平均值的 1.05 倍）"), balanced
 
@@ -223,8 +221,8 @@ q4 = Exercise(
     ring_bytes,
     cases=lambda: _Q4_CASES,
     observe=lambda fn, c: as_number(fn(*c), tr("the bytes", "字节数")),
-    describe=lambda c: tr(f"for a tensor of {c[0]:,} bytes on {c[1]} ranks",
-                          f"当张量为 {c[0]:,} 字节、有 {c[1]} 个 rank 时"),
+    describe=lambda c: tr("for a tensor of {c:,} bytes on {c2} ranks", "当张量为 {c:,} 字节、有 {c2} 个 rank 时",
+                          c=c[0], c2=c[1]),
     mistakes=dict(
         reduce_scatter_only=variant(ring_bytes, "2 * (world_size - 1)", "(world_size - 1)"),
         whole_tensor_each_step=variant(ring_bytes, " / world_size * nbytes", " * nbytes"),

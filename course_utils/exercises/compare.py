@@ -17,8 +17,11 @@ from ..i18n import is_chinese, tr
 from .forms import Incorrect, NotAttempted, kind
 from .time_limit import learners_code
 
-STUB = ("your code still raises NotImplementedError: fill in its body.",
-         "你的代码仍然抛出 NotImplementedError：请补全函数体。")
+
+def stub_message() -> str:
+    """What a learner whose function still raises NotImplementedError (an unfinished body) is told."""
+    return tr("your code still raises NotImplementedError: fill in its body.",
+              "你的代码仍然抛出 NotImplementedError：请补全函数体。")
 
 
 def same(a: Any, b: Any, rtol: float, atol: float) -> bool:
@@ -67,21 +70,22 @@ def tensor_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     """How tensor `got` differs from `want`, said after its name (``x.grad has shape ...``; Chinese: the
     name, then ``的形状是 ...`` or ``在索引 ... 处是 ...``, to join with :func:`spaced`)."""
     if got.shape != want.shape:
-        return tr(f"has shape {tuple(got.shape)}, but it should have shape {tuple(want.shape)}",
-                  f"的形状是 {tuple(got.shape)}，但应该是 {tuple(want.shape)}")
+        return tr("has shape {shape}, but it should have shape {want_shape}", "的形状是 {shape}，但应该是 {want_shape}",
+                  shape=tuple(got.shape), want_shape=tuple(want.shape))
     if got.is_complex() != want.is_complex():
-        it, other = ("complex", "real") if got.is_complex() else ("real", "complex")
-        zh = {"complex": "复数", "real": "实数"}
-        return tr(f"is a {it} tensor ({got.dtype}), but it should be {other} ({want.dtype})",
-                  f"是{zh[it]}张量（{got.dtype}），但应该是{zh[other]}张量（{want.dtype}）")
+        complex_, real = tr("complex", "复数"), tr("real", "实数")
+        it, other = (complex_, real) if got.is_complex() else (real, complex_)
+        return tr("is a {it} tensor ({dtype}), but it should be {other} ({want_dtype})",
+                  "是{it}张量（{dtype}），但应该是{other}张量（{want_dtype}）",
+                  it=it, dtype=got.dtype, other=other, want_dtype=want.dtype)
     if got.is_complex():
         got, want = torch.view_as_real(got.resolve_conj()), torch.view_as_real(want.resolve_conj())
     diff = torch.nan_to_num((got.double() - want.double()).abs(), nan=float("inf"))
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)) if diff.ndim else ()
     g, w, at = show(got[idx].item(), want[idx].item()), show(want[idx].item(), got[idx].item()), ""
     if idx:
-        at = tr(f" at index {idx}", f"在索引 {idx} 处")
-    return tr(f"holds {g}{at} where {w} was expected", f"{at}是 {g}，而预期是 {w}")
+        at = tr(" at index {idx}", "在索引 {idx} 处", idx=idx)
+    return tr("holds {g}{at} where {w} was expected", "{at}是 {g}，而预期是 {w}", g=g, at=at, w=w)
 
 
 def outcome(observe: Callable, answer: Any, case: Any, want: dict | None = None,
@@ -108,7 +112,7 @@ def outcome(observe: Callable, answer: Any, case: Any, want: dict | None = None,
         raise
     except NotImplementedError as exc:
         if _is_stub(exc):
-            raise NotAttempted(tr(*STUB)) from None
+            raise NotAttempted(stub_message()) from None
         facts["error"] = exc  # torch's own (a misspelled forward, a Function without backward): a real error
         return facts
     except (Exception, SystemExit) as exc:
@@ -136,7 +140,7 @@ def text_of(x: Any, how: Callable[[Any], str] = str) -> str:
     try:
         return how(x)
     except Exception:
-        return tr(f"<{type(x).__name__} that cannot be shown>", f"<无法显示的 {type(x).__name__}>")
+        return tr("<{name} that cannot be shown>", "<无法显示的 {name}>", name=type(x).__name__)
 
 
 def first_diff(got: dict, want: dict, rtol: float, atol: float) -> str | None:
@@ -171,8 +175,9 @@ def explain_exception(exc: BaseException) -> str:
     if fr is not None:
         line = (fr.line or "").strip()
         line = line if len(line) <= 120 else line[:110] + " ..."
-        where = tr(f" (line {fr.lineno}: `{line}`)", f"（第 {fr.lineno} 行：`{line}`）")
+        where = tr(" (line {lineno}: `{line}`)", "（第 {lineno} 行：`{line}`）", lineno=fr.lineno, line=line)
     said = text_of(exc)
     said = said if len(said) <= MAX_SAID else said[:MAX_SAID] + tr(" ... (cut)", " ……（已截断）")
-    return tr(f"your code raised {type(exc).__name__}: {said}{where}. Fix that error first, then check again.",
-              f"你的代码抛出了 {type(exc).__name__}: {said}{where}。请先修正这个错误，再检查。")
+    return tr("your code raised {name}: {said}{where}. Fix that error first, then check again.",
+              "你的代码抛出了 {name}: {said}{where}。请先修正这个错误，再检查。",
+              name=type(exc).__name__, said=said, where=where)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..i18n import language, spaced, tr
+from ..i18n import language, tr
 from .compare import (
     MAX_SAID,
     explain_exception,
@@ -53,14 +53,14 @@ __all__ = [
 ]
 
 TIME_LIMIT_S = 5.0  # the longest a check may take, learner's code included
-_CHECK_FAILED = ("the check itself failed ({}), not your answer: restart the kernel (Kernel > Restart), "
-                 "run the cells again, then check again. If it fails again after a restart, please report it.",
-                 "检查程序本身出错了（{}），不是你的答案的问题："
-                 "请重启内核（Kernel > Restart），"
-                 "重新运行各个单元格，然后再检查。"
-                 "如果重启后仍然出错，请报告这个问题。")
-_PLACEHOLDER = ("replace the `...` placeholder with your answer, then run this cell again.",
-                "请把占位符 `...` 换成你的答案，然后重新运行这个单元格。")
+
+
+def _check_failed(why: object) -> str:
+    """What a learner is told when the check's own code failed with `why`."""
+    return tr("the check itself failed ({why}), not your answer: restart the kernel (Kernel > Restart), "
+              "run the cells again, then check again. If it fails again after a restart, please report it.",
+              "检查程序本身出错了（{why}），不是你的答案的问题：请重启内核（Kernel > Restart），"
+              "重新运行各个单元格，然后再检查。如果重启后仍然出错，请报告这个问题。", why=why)
 
 
 def variant(solution: Callable[..., Any] | type, *edits: str) -> Any:
@@ -162,7 +162,8 @@ class Exercise(ExerciseView):
         self.words()
         try:
             if answer is None or answer is Ellipsis or (isinstance(answer, str) and answer == ""):
-                raise NotAttempted(tr(*_PLACEHOLDER))
+                raise NotAttempted(tr("replace the `...` placeholder with your answer, then run this cell again.",
+                                      "请把占位符 `...` 换成你的答案，然后重新运行这个单元格。"))
             with untouched():
                 torch.set_num_threads(1)  # tiny inputs: faster, and steady on a busy machine
                 self._judge(answer)
@@ -174,20 +175,19 @@ class Exercise(ExerciseView):
         except TimeUp:
             limit = TIME_LIMIT_S + self.extra_time_s
             return "incorrect", tr(
-                f"your code did not finish within {limit:g} seconds (an endless loop, a "
-                "sleep, or an endless iterator?). Make it finish, then check again.",
-                f"你的代码没有在 {limit:g} "
-                "秒内结束（无限循环、sleep，还是无尽的迭代器？）。"
-                "让它能够结束，然后再检查。",
+                "your code did not finish within {limit:g} seconds (an endless loop, a sleep, or an endless "
+                "iterator?). Make it finish, then check again.",
+                "你的代码没有在 {limit:g} 秒内结束（无限循环、sleep，还是无尽的迭代器？）。让它能够结束，然后再检查。",
+                limit=limit,
             )
         except _CheckFailed as exc:
-            return "check_failed", tr(*_CHECK_FAILED).format(exc)
+            return "check_failed", _check_failed(exc)
         except (Exception, SystemExit) as exc:  # a check must never crash the notebook
             if learners_frame(exc) is not None:
                 return "incorrect", explain_exception(exc)
             said = f"{type(exc).__name__}: {text_of(exc)}"
             shortened = said if len(said) <= MAX_SAID else said[:MAX_SAID] + " ..."
-            return "check_failed", tr(*_CHECK_FAILED).format(shortened)
+            return "check_failed", _check_failed(shortened)
 
     def reference(self) -> Any:
         """A correct answer, as a learner would pass it."""
@@ -202,20 +202,19 @@ class Exercise(ExerciseView):
         var, base, it = self.name.lower() if self.name[0] == "Q" else "q1", self.form, kind(answer)
         call = f"`{var}.check({self.model_answer.__name__})`"
         if base == "function" and (not callable(answer) or isinstance(answer, type)):
-            raise Incorrect(tr(f"pass your function itself, {call} (without calling it), not {it}.",
-                               spaced(f"请传入函数本身，{call}（不要调用它），而不是", it, "。")))
+            raise Incorrect(tr("pass your function itself, {call} (without calling it), not {it}.",
+                               "请传入函数本身，{call}（不要调用它），而不是{it}。", call=call, it=it))
         if isinstance(base, type) and not (isinstance(answer, type) and issubclass(answer, base)):
-            why = tr(f"pass the class itself, {call} (no parentheses), a subclass of {base.__name__}; this is {it}.",
-                     spaced(f"请传入类本身，{call}（不带括号），它应是 {base.__name__} 的子类；"
-                            "这里传入的是", it, "。"))
+            why = tr("pass the class itself, {call} (no parentheses), a subclass of {name}; this is {it}.",
+                     "请传入类本身，{call}（不带括号），它应是 {name} 的子类；这里传入的是{it}。",
+                     call=call, name=base.__name__, it=it)
             raise Incorrect(why)
         # only the learner's code counts against the limit
         budget, tol = TIME_LIMIT_S + self.extra_time_s, self.tol
         for i in range(len(self.cases())):
             want = outcome(self.observe, self.reference(), self._case(i))
             if "error" in want or "incorrect" in want:  # (a kernel left broken, or a bug of the checker)
-                raise _CheckFailed(tr(f"on its model answer: {str(want)[:MAX_SAID]}",
-                                      f"在它自己的参考答案上：{str(want)[:MAX_SAID]}"))
+                raise _CheckFailed(tr("on its model answer: {s}", "在它自己的参考答案上：{s}", s=str(want)[:MAX_SAID]))
             mine = copy_answer(answer) if self.form == "value" else answer
             observe = functools.partial(outcome, self.observe, mine, self._case(i), want, tol)
             got, used = bounded(observe, max(budget, 0.01))
@@ -233,20 +232,21 @@ class Exercise(ExerciseView):
         if key in ("incorrect", "error"):
             return got if key == "incorrect" else explain_exception(got)
         if key == "result" and self.form == "value":
-            return tr(f"{show(got, want)} is not right. {self.hints[0]}", f"{show(got, want)} 不对。{self.hints[0]}")
+            return tr("{show} is not right. {hints}", "{show} 不对。{hints}", show=show(got, want), hints=self.hints[0])
         where, tol = self.describe(case), self.tol
         if where:
-            where = tr(f"{where[:1].upper()}{where[1:]}, ", f"{where}，")
+            # a sentence's first letter in capitals (a Chinese one is left as it is)
+            where = tr("{where}, ", "{where}，", where=where[:1].upper() + where[1:])
         if key == "result":
             name = self.model_answer.__name__
-            key = tr(f"what `{name}` returns", f"`{name}` 的返回值")
+            key = tr("what `{name}` returns", "`{name}` 的返回值", name=name)
         while all(isinstance(x, list | tuple) for x in (got, want)) and len(got) == len(want):
             if not any(isinstance(w, torch.Tensor) for w in want):
                 break  # point at the first tensor that differs
             i = next(i for i, p in enumerate(zip(got, want, strict=True)) if not same(*p, *tol))
-            key, got, want = tr(f"{key} (item {i})", f"{key}（下标为 {i} 的一项）"), got[i], want[i]
+            key, got, want = tr("{key} (item {i})", "{key}（下标为 {i} 的一项）", key=key, i=i), got[i], want[i]
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
             diff = tensor_diff(got, want)
-            return tr(f"{where}{key} {diff}.", spaced(where, key, diff, "。"))
-        return tr(f"{where}{key} is {show(got, want)}, but it should be {show(want, got)}.",
-                  spaced(where, key, "是", show(got, want), "，但应该是", show(want, got), "。"))
+            return tr("{where}{key} {diff}.", "{where}{key}{diff}。", where=where, key=key, diff=diff)
+        return tr("{where}{key} is {show}, but it should be {show2}.", "{where}{key}是{show}，但应该是{show2}。",
+                  where=where, key=key, show=show(got, want), show2=show(want, got))

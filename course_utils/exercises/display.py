@@ -14,24 +14,26 @@ from typing import Any
 from .. import progress
 from ..i18n import tr
 
-_STYLE = {
-    "correct": ("Correct", "#1b7f3a", "#e8f5ec"),
-    "incorrect": ("Incorrect", "#b3261e", "#fdecea"),
-    "not_attempted": ("Not attempted yet", "#6b5900", "#fff8e1"),
-    "check_failed": ("The check failed", "#4a4a4a", "#f0f0f0"),  # the checker's fault: not recorded
+_STYLE = {  # (text colour, background)
+    "correct": ("#1b7f3a", "#e8f5ec"),
+    "incorrect": ("#b3261e", "#fdecea"),
+    "not_attempted": ("#6b5900", "#fff8e1"),
+    "check_failed": ("#4a4a4a", "#f0f0f0"),  # the checker's fault: not recorded
 }
-_LABEL_ZH = {"correct": "正确", "incorrect": "不正确", "not_attempted": "尚未作答",
-             "check_failed": "检查出错"}
-_TITLE_ZH = {"Practice": "练习"}  # an exercise's name as the Chinese edition shows it (Q1... stay)
 
 
 def label(status: str) -> str:
-    return tr(_STYLE[status][0], _LABEL_ZH[status])
+    return {
+        "correct": tr("Correct", "正确"),
+        "incorrect": tr("Incorrect", "不正确"),
+        "not_attempted": tr("Not attempted yet", "尚未作答"),
+        "check_failed": tr("The check failed", "检查出错"),
+    }[status]
 
 
 def title(name: str) -> str:
-    """An exercise's name as shown: ``Q1``, or chapter 00's ``Practice`` (练习 in Chinese)."""
-    return tr(name, _TITLE_ZH.get(name, name))
+    """An exercise's name as shown: ``Q1``, or chapter 00's ``Practice`` (练习 in Chinese; Q1... stay)."""
+    return tr("Practice", "练习") if name == "Practice" else name
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class CheckResult:
         return f"[{title(self.exercise)}] {label(self.status)}{tr(': ', '：')}{self.message}"
 
     def _repr_html_(self) -> str:
-        _, fg, bg = _STYLE[self.status]
+        fg, bg = _STYLE[self.status]
         msg = html.escape(self.message).replace("\n", "<br>")
         name = html.escape(title(self.exercise))
         return (
@@ -126,12 +128,13 @@ class ExerciseView:
         if number is None:
             self.hints_shown = number = min(self.hints_shown + 1, n)
         if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= n:
-            return Text(tr(f"{self.name}: there are {n} hints", f"{title(self.name)}：共有 {n} 条提示"),
-                        tr(f"Ask for hint 1 to {n}.", f"请查看第 1 到第 {n} 条提示。"))
-        return Text(tr(f"{self.name} · hint {number}/{n}", f"{title(self.name)} · 提示 {number}/{n}"),
+            return Text(tr("{name}: there are {n} hints", "{name}：共有 {n} 条提示", name=title(self.name), n=n),
+                        tr("Ask for hint 1 to {n}.", "请查看第 1 到第 {n} 条提示。", n=n))
+        return Text(tr("{name} · hint {number}/{n}", "{name} · 提示 {number}/{n}", name=title(self.name), number=number,
+                       n=n),
                     self.hints[number - 1])
 
     def solution(self) -> Text:
         """Show the worked solution: the source of the tested solution function."""
         code = textwrap.dedent(inspect.getsource(self.model_answer)).strip("\n")
-        return Text(tr(f"{self.name} · solution", f"{title(self.name)} · 参考答案"), code, code=True)
+        return Text(tr("{name} · solution", "{name} · 参考答案", name=title(self.name)), code, code=True)

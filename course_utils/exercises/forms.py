@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..i18n import spaced, tr
+from ..i18n import tr
 
 MAX_ITEMS = 1000  # the most items a check takes from an iterable answer
 
@@ -24,28 +24,32 @@ class NotAttempted(Exception):
     """There is nothing to check yet."""
 
 
-# Python's own types as the Chinese edition names them ("一个列表"); any other type keeps its name ("一个 Path")
-_KIND_ZH = {
-    "list": "列表", "tuple": "元组", "dict": "字典", "set": "集合", "str": "字符串", "bytes": "bytes 对象",
-    "int": "整数", "float": "浮点数", "bool": "布尔值", "complex": "复数", "ndarray": "numpy 数组",
-    "generator": "生成器", "range": "range 对象",
-}
 
 
 def kind(x: Any) -> str:
     """How an answer reads to a learner: "a tensor of shape (3,)", "a function", "a list"... (in Chinese
     形状为 (3,) 的张量, 一个函数, 一个列表...: join it to Chinese words with :func:`spaced`)."""
     if isinstance(x, torch.Tensor):
-        return tr(f"a tensor of shape {tuple(x.shape)}", f"形状为 {tuple(x.shape)} 的张量")
+        return tr("a tensor of shape {shape}", "形状为 {shape} 的张量", shape=tuple(x.shape))
     if isinstance(x, type):
-        return tr(f"the class {x.__name__}", f"类 {x.__name__}")
+        return tr("the class {name}", "类 {name}", name=x.__name__)
     if inspect.isroutine(x):
         return tr("a function", "一个函数")
     name = type(x).__name__
     if x is None:
-        return tr(f"a {name}", "None")
-    english = f"an {name}" if name[:1] in "aeiouAEIOU" or name == "ndarray" else f"a {name}"
-    return tr(english, spaced("一个", _KIND_ZH.get(name, name)))
+        return tr("a NoneType", "None")
+    known = {  # Python's own types as the Chinese edition names them
+        "list": tr("a list", "一个列表"), "tuple": tr("a tuple", "一个元组"), "dict": tr("a dict", "一个字典"),
+        "set": tr("a set", "一个集合"), "str": tr("a str", "一个字符串"), "bytes": tr("a bytes", "一个 bytes 对象"),
+        "int": tr("an int", "一个整数"), "float": tr("a float", "一个浮点数"), "bool": tr("a bool", "一个布尔值"),
+        "complex": tr("a complex", "一个复数"), "ndarray": tr("an ndarray", "一个 numpy 数组"),
+        "generator": tr("a generator", "一个生成器"), "range": tr("a range", "一个 range 对象"),
+    }
+    if name in known:
+        return known[name]
+    if name[:1] in "aeiouAEIOU":  # any other type keeps its name: "an Item", 一个 Item
+        return tr("an {name}", "一个{name}", name=name)
+    return tr("a {name}", "一个{name}", name=name)
 
 
 def _your_answer(what: str | None) -> str:
@@ -60,13 +64,12 @@ def as_number(x: Any, what: str | None = None, whole: bool = False) -> float | i
     elif isinstance(x, np.generic) and np.ndim(x) == 0:
         x = x.item()
     if isinstance(x, bool) or not isinstance(x, int | float):
-        adjective = "whole " if whole else ""
-        raise Incorrect(tr(f"{what} should be a {adjective}number, but it is {kind(x)}.",
-                           spaced(what, "应该是一个整数" if whole else "应该是一个数", "，但它是",
-                                  kind(x), "。")))
+        number = tr("whole number", "整数") if whole else tr("number", "数")
+        raise Incorrect(tr("{what} should be a {number}, but it is {kind}.", "{what}应该是一个{number}，但它是{kind}。",
+                           what=what, number=number, kind=kind(x)))
     if whole and isinstance(x, float) and not x.is_integer():
-        raise Incorrect(tr(f"{what} should be a whole number, but it is {x!r}.",
-                           spaced(what, "应该是一个整数，但它是", repr(x), "。")))
+        raise Incorrect(tr("{what} should be a whole number, but it is {x!r}.", "{what}应该是一个整数，但它是{x!r}。",
+                           what=what, x=x))
     return int(x) if whole else float(x)
 
 
@@ -76,9 +79,9 @@ def as_ints(x: Any, what: str | None = None) -> list[int]:
     what = _your_answer(what)
     listlike = isinstance(x, Iterator | Sequence) and not isinstance(x, str | bytes)
     if not (x.ndim == 1 if isinstance(x, torch.Tensor | np.ndarray) else listlike):
-        raise Incorrect(tr(f"{what} should be a list of whole numbers, but it is {kind(x)}.",
-                           spaced(what, "应该是一个由整数组成的列表，但它是", kind(x), "。")))
-    each = tr(f"each entry of {what}", spaced(what, "的每一项"))
+        raise Incorrect(tr("{what} should be a list of whole numbers, but it is {kind}.",
+                           "{what}应该是一个由整数组成的列表，但它是{kind}。", what=what, kind=kind(x)))
+    each = tr("each entry of {what}", "{what}的每一项", what=what)
     return [as_number(i, each, whole=True) for i in take(x)]
 
 
@@ -89,24 +92,21 @@ def take(x: Any, n: int = MAX_ITEMS + 1) -> list[Any]:
     try:
         return list(itertools.islice(iter(x), n))
     except TypeError:
-        raise Incorrect(tr(f"this should be a list, but it is {kind(x)}.",
-                           spaced("这里应该是一个列表，但它是", kind(x), "。"))) from None
-
-
-_TO_TENSOR = {
-    "ndarray": (" `torch.from_numpy(a)` turns a numpy array into one.",
-                "`torch.from_numpy(a)` 可以把 numpy 数组变成张量。"),
-    "list": (" `torch.tensor(...)` turns a list into one.", "`torch.tensor(...)` 可以把列表变成张量。"),
-}
+        raise Incorrect(tr("this should be a list, but it is {kind}.", "这里应该是一个列表，但它是{kind}。",
+                           kind=kind(x))) from None
 
 
 def as_tensor(x: Any, what: str | None = None) -> torch.Tensor:
     """The answer itself, detached, if it is a tensor; a clear Incorrect if it is not."""
     what = _your_answer(what)
     if not isinstance(x, torch.Tensor):
-        tip = tr(*_TO_TENSOR.get(type(x).__name__, ("", "")))
-        raise Incorrect(tr(f"{what} should be a torch.Tensor, but it is {kind(x)}.{tip}",
-                           spaced(what, "应该是一个 torch.Tensor，但它是", kind(x), "。") + tip))
+        tip = {
+            "ndarray": tr(" `torch.from_numpy(a)` turns a numpy array into one.",
+                          "`torch.from_numpy(a)` 可以把 numpy 数组变成张量。"),
+            "list": tr(" `torch.tensor(...)` turns a list into one.", "`torch.tensor(...)` 可以把列表变成张量。"),
+        }.get(type(x).__name__, "")
+        raise Incorrect(tr("{what} should be a torch.Tensor, but it is {kind}.{tip}",
+                           "{what}应该是一个 torch.Tensor，但它是{kind}。{tip}", what=what, kind=kind(x), tip=tip))
     return x.detach()
 
 

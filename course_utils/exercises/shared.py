@@ -25,8 +25,8 @@ class World:
     def all_reduce(self, rank: int, tensor: torch.Tensor, op: Any = ReduceOp.SUM, **_: Any) -> Any:
         if not isinstance(tensor, torch.Tensor):
             name = type(tensor).__name__
-            raise TypeError(tr(f"all_reduce needs a tensor (it reduces in place), not a {name}",
-                               f"all_reduce 需要一个张量（它原地归约），而不是 {name}"))
+            raise TypeError(tr("all_reduce needs a tensor (it reduces in place), not a {name}",
+                               "all_reduce 需要一个张量（它原地归约），而不是 {name}", name=name))
         self.calls[rank] += 1
         self.slots[rank] = tensor.detach().clone()
         self.barrier.wait()
@@ -71,13 +71,14 @@ def numbers_on_ranks(fn: Callable[..., Any], shards: Sequence[tuple], args: Call
         raise real[0]
     if errors or len(set(world.calls)) > 1:
         raise Incorrect(tr(
-            f"the ranks called all_reduce a different number of times ({world.calls}): in a real job the ranks that "
-            "call it wait forever for the others. Every rank must make the same calls.",
-            f"各个 rank 调用 all_reduce 的次数不同（{world.calls}）：在真实的任务中，"
-            "调用了它的 rank 会一直等待其他 rank。每个 rank 都必须做相同的调用。",
+            "the ranks called all_reduce a different number of times ({calls}): in a real job the ranks that call it "
+            "wait forever for the others. Every rank must make the same calls.",
+            "各个 rank 调用 all_reduce 的次数不同（{calls}）：在真实的任务中，调用了它的 rank 会一直等待其他 rank。"
+            "每个 rank 都必须做相同的调用。",
+            calls=world.calls,
         ))
-    returned = [as_number(t.outcome[1], tr(f"what rank {r} returns",
-                                           f"rank {r} 的返回值")) for r, t in enumerate(threads)]
+    returned = [as_number(t.outcome[1], tr("what rank {r} returns", "rank {r} 的返回值",
+                                           r=r)) for r, t in enumerate(threads)]
     return {tr("what the ranks return", "各个 rank 的返回值"): returned}
 
 
@@ -129,8 +130,8 @@ def module_facts(cls: type, reference: type, x: torch.Tensor) -> Iterator[tuple[
     model = cls()
     if not isinstance(model, nn.Module):
         name = type(model).__name__
-        raise Incorrect(tr(f"calling your class should give an nn.Module, but it gave {name}.",
-                           f"调用你的类应该得到一个 nn.Module，但得到的是 {name}。"))
+        raise Incorrect(tr("calling your class should give an nn.Module, but it gave {name}.",
+                           "调用你的类应该得到一个 nn.Module，但得到的是 {name}。", name=name))
     params = list(model.parameters())
     yield tr("the number of parameters that parameters() finds",
              "parameters() 找到的参数个数"), sum(p.numel() for p in params)

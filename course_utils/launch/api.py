@@ -186,16 +186,16 @@ def _timeout_error(script: str, nproc: int, timeout: float, **info: Any) -> Laun
     """The error of a job stopped at its timeout, with where its logs are."""
     log_dir = info["log_dir"]
     return LaunchTimeout(tr(
-        f"{script} ({nproc} processes) did not finish within its timeout of {timeout:g} s, "
+        "{script} ({nproc} processes) did not finish within its timeout of {timeout:g} s, "
         "so every process of the job was stopped.\n"
         "A rank that waits forever (in all_reduce, barrier, ...) usually means that another "
         "rank never made the same call.\n"
-        f"Logs of each rank R: {log_dir}/rankR.stdout.log and rankR.stderr.log",
-        f"{script}（{nproc} 个进程）超过了 {timeout:g} 秒的时限仍未结束，"
-        "作业的所有进程已被停止。\n"
+        "Logs of each rank R: {log_dir}/rankR.stdout.log and rankR.stderr.log",
+        "{script}（{nproc} 个进程）超过了 {timeout:g} 秒的时限仍未结束，作业的所有进程已被停止。\n"
         "某个 rank 一直卡在等待中（all_reduce、barrier 等），"
         "通常是因为另一个 rank 始终没有执行同一个调用。\n"
-        f"每个 rank R 的日志：{log_dir}/rankR.stdout.log 和 rankR.stderr.log",
+        "每个 rank R 的日志：{log_dir}/rankR.stdout.log 和 rankR.stderr.log",
+        script=script, nproc=nproc, timeout=timeout, log_dir=log_dir,
     ), **info)
 
 

@@ -37,16 +37,16 @@ def capacity(cores: int, free: int | None) -> tuple[int, str]:
     """How many ranks `cores` CPU cores and `free` bytes of memory (None: unknown) hold, and why in
     words: RANK_MEMORY_MB each within 80% of the memory, RANKS_PER_CORE per core (at least 8)."""
     limit = max(8, RANKS_PER_CORE * cores)
-    why = tr(f"with {cores} CPU core(s), more than {limit} ranks mostly wait for each other",
-             f"只有 {cores} 个 CPU 核心，超过 {limit} 个 rank 时它们大多在互相等待")
+    why = tr("with {cores} CPU core(s), more than {limit} ranks mostly wait for each other",
+             "只有 {cores} 个 CPU 核心，超过 {limit} 个 rank 时它们大多在互相等待", cores=cores, limit=limit)
     if free is not None:
         fit = max(1, int(0.8 * free / (RANK_MEMORY_MB * 2**20)))
         limit = min(limit, fit)
-        why = tr(f"each rank imports torch (about {RANK_MEMORY_MB} MB of memory) and {free / 2**30:.1f} GB "
-                 f"is available, room for {fit}; and {why}",
-                 f"每个 rank 都要导入 torch（约 {RANK_MEMORY_MB} MB 内存），当前可用 "
-                 f"{free / 2**30:.1f} GB，"
-                 f"最多容纳 {fit} 个；而且{why}")
+        why = tr("each rank imports torch (about {rank_mb} MB of memory) and {free_gb:.1f} GB is available, room "
+                 "for {fit}; and {why}",
+                 "每个 rank 都要导入 torch（约 {rank_mb} MB 内存），当前可用 {free_gb:.1f} GB，"
+                 "最多容纳 {fit} 个；而且{why}",
+                 rank_mb=RANK_MEMORY_MB, free_gb=free / 2**30, fit=fit, why=why)
     return limit, why
 
 
@@ -70,11 +70,11 @@ def check_capacity(nproc: int, max_nproc: int | None, name: str = "nproc") -> No
         return
     limit, why = machine_capacity()
     if nproc > limit:
-        cli = f" (from a terminal: --max-nproc {nproc})" if name == "nproc" else ""
-        cli_zh = f"（在终端中：--max-nproc {nproc}）" if name == "nproc" else ""
+        cli = tr(" (from a terminal: --max-nproc {nproc})", "（在终端中：--max-nproc {nproc}）",
+                 nproc=nproc) if name == "nproc" else ""
         raise ValueError(tr(
-            f"{name}={nproc} is more processes than this machine can hold: {why}. Use fewer processes "
-            f"(at most {limit} here); to start {nproc} all the same, pass max_{name}={nproc}{cli}.",
-            f"{name}={nproc} 超出了这台机器能容纳的进程数：{why}。"
-            f"请减少进程数（这里最多 {limit} 个）；"
-            f"如果确实要启动 {nproc} 个，请传入 max_{name}={nproc}{cli_zh}。"))
+            "{name}={nproc} is more processes than this machine can hold: {why}. Use fewer processes "
+            "(at most {limit} here); to start {nproc} all the same, pass max_{name}={nproc}{cli}.",
+            "{name}={nproc} 超出了这台机器能容纳的进程数：{why}。请减少进程数（这里最多 {limit} 个）；"
+            "如果确实要启动 {nproc} 个，请传入 max_{name}={nproc}{cli}。",
+            name=name, nproc=nproc, why=why, limit=limit, cli=cli))

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
         code = 124 if isinstance(exc, LaunchTimeout) else exc.exit_code
         return code if code is not None and 0 < code < 256 else 1
     except KeyboardInterrupt as exc:  # Ctrl-C: the job is stopped; no traceback of the launcher
-        print(tr(f"[launcher] {str(exc) or 'interrupted'}", f"[启动器] {str(exc) or '已中断'}"),
+        print(tr("[launcher] {why}", "[启动器] {why}", why=str(exc) or tr("interrupted", "已中断")),
               file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as exc:

@@ -69,13 +69,13 @@ def describe_exit(code: int | None) -> str:
     if code is None:
         return tr("an unknown exit code", "未知的退出码")
     if code >= 0:
-        return tr(f"exit code {code}", f"退出码 {code}")
+        return tr("exit code {code}", "退出码 {code}", code=code)
     name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
     oom = ""
     if code == -signal.SIGKILL:
         oom = tr(": killed, often because the machine ran out of memory",
                  "：被强制终止，通常是因为机器内存不足")
-    return tr(f"exit code {code} ({name}{oom})", f"退出码 {code}（{name}{oom}）")
+    return tr("exit code {code} ({name}{oom})", "退出码 {code}（{name}{oom}）", code=code, name=name, oom=oom)
 
 
 def error_tail(lines: Sequence[str], n: int = TAIL_LINES) -> list[str]:
@@ -173,11 +173,11 @@ def _quoted(tail: Sequence[str]) -> str:
 
 def _launcher_message(rc: int, script: str, tail: Sequence[str], where: str) -> str:
     exit_ = describe_exit(rc)
-    head = tr(f"the launcher failed ({exit_}) running {script} before any rank reported an error. "
-              "Its last lines:",
-              f"启动器运行 {script} 时失败（{exit_}），当时还没有任何 "
-              "rank 报告错误。它输出的最后几行：")
-    return f"{head}\n{_quoted(tail)}\n{tr(f'Logs: {where}', f'日志：{where}')}"
+    head = tr("the launcher failed ({exit_}) running {script} before any rank reported an error. Its last lines:",
+              "启动器运行 {script} 时失败（{exit_}），当时还没有任何 rank 报告错误。它输出的最后几行：",
+              exit_=exit_, script=script)
+    logs = tr("Logs: {where}", "日志：{where}", where=where)
+    return f"{head}\n{_quoted(tail)}\n{logs}"
 
 
 def _rank_message(
@@ -186,17 +186,16 @@ def _rank_message(
 ) -> str:
     exit_ = describe_exit(code)
     if first is None:
-        head = tr(f"rank {rank} of {nproc} failed with {exit_} running {script}\n"
-                  "Last lines of its error output:",
-                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} "
-                  f"时失败，{exit_}\n其错误输出的最后几行：")
+        head = tr("rank {rank} of {nproc} failed with {exit_} running {script}\nLast lines of its error output:",
+                  "rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败，{exit_}\n其错误输出的最后几行：",
+                  rank=rank, nproc=nproc, exit_=exit_, script=script)
     else:
-        head = tr(f"rank {rank} of {nproc} failed running {script} (rank {first} exited first, with "
-                  f"{exit_}; rank {rank} was stopped as it ended)\nLast lines of its error output:",
-                  f"rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败（rank "
-                  f"{first} 先退出，{exit_}；"
-                  f"rank {rank} 在结束时被停止）\n其错误输出的最后几行：")
+        head = tr("rank {rank} of {nproc} failed running {script} (rank {first} exited first, with {exit_}; rank "
+                  "{rank} was stopped as it ended)\nLast lines of its error output:",
+                  "rank {rank}（共 {nproc} 个 rank）运行 {script} 时失败（rank {first} 先退出，{exit_}；rank {rank} "
+                  "在结束时被停止）\n其错误输出的最后几行：",
+                  rank=rank, nproc=nproc, script=script, first=first, exit_=exit_)
     log = Path(where, f"rank{rank}.stderr.log")
-    foot = tr(f"Its full log: {log} (every rank's logs are in {where})",
-              f"它的完整日志：{log}（所有 rank 的日志都在 {where} 中）")
+    foot = tr("Its full log: {log} (every rank's logs are in {where})",
+              "它的完整日志：{log}（所有 rank 的日志都在 {where} 中）", log=log, where=where)
     return f"{head}\n{_quoted(tail)}\n{foot}"

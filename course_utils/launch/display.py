@@ -24,7 +24,8 @@ def in_notebook() -> bool:
 
 def title(command: str, backend: str, engine: str) -> str:
     """The headline of a job's display: its terminal command, the backend and the engine."""
-    return tr(f"{command}   [{backend}, {engine} engine]", f"{command}   [{backend}，{engine} 引擎]")
+    return tr("{command}   [{backend}, {engine} engine]", "{command}   [{backend}，{engine} 引擎]",
+              command=command, backend=backend, engine=engine)
 
 
 def for_here(headline: str, show: bool) -> Quiet:
@@ -58,14 +59,14 @@ class Terminal(Quiet):
     attempt = 0
 
     def __init__(self, headline: str) -> None:
-        print(tr(f"[launcher] {headline}", f"[启动器] {headline}"), file=sys.stderr, flush=True)
+        print(tr("[launcher] {headline}", "[启动器] {headline}", headline=headline), file=sys.stderr, flush=True)
 
     def show(self, logs: Logs, new: list[tuple]) -> None:
         for n, r, out, err in new:
             if n > self.attempt:
                 self.attempt = n
-                print(tr(f"[launcher] restarting the job (attempt {n})",
-                         f"[启动器] 正在重启作业（尝试 {n}）"), flush=True)
+                print(tr("[launcher] restarting the job (attempt {n})", "[启动器] 正在重启作业（尝试 {n}）",
+                         n=n), flush=True)
             _write(sys.stdout, [f"[rank {r}] {line}" for line in out])
             _write(sys.stderr, [f"[rank {r}] {strip(line)}" for line in err])
 
@@ -79,8 +80,8 @@ def view(headline: str, status: str, ranks: list[tuple[Tail, Tail]]) -> str:
         rows += f"<tr><td style='vertical-align:top'><b>rank {r}</b></td>"
         rows += f"<td><pre style='margin:0'>{text}</pre></td></tr>"
     headline, status = html.escape(headline), html.escape(status)
-    return tr(f"<b>{headline}</b>: {status}<table>{rows}</table>",
-              f"<b>{headline}</b>：{status}<table>{rows}</table>")
+    return tr("<b>{headline}</b>: {status}<table>{rows}</table>", "<b>{headline}</b>：{status}<table>{rows}</table>",
+              headline=headline, status=status, rows=rows)
 
 
 class Notebook(Quiet):
@@ -109,8 +110,8 @@ class Notebook(Quiet):
         self.last = time.monotonic()
         n = max(logs.attempts, default=0)
         s = self.last - self.t0
-        status = tr(f"running, {s:.0f} s", f"运行中，{s:.0f} 秒")
-        status += tr(f" (attempt {n})", f"（尝试 {n}）") if n else ""
+        status = tr("running, {s:.0f} s", "运行中，{s:.0f} 秒", s=s)
+        status += tr(" (attempt {n})", "（尝试 {n}）", n=n) if n else ""
         self.widget.value = view(self.headline, status, logs.last())  # (unchanged: nothing sent)
 
     def end(self, logs: Logs, outcome: str | None) -> None:
@@ -123,15 +124,15 @@ class Notebook(Quiet):
             self.widget = None
         grouped = []
         for n, ranks in sorted(logs.attempts.items()):
-            grouped += [tr(f"--- attempt {n} ---", f"--- 尝试 {n} ---")] if len(logs.attempts) > 1 else []
+            grouped += [tr("--- attempt {n} ---", "--- 尝试 {n} ---", n=n)] if len(logs.attempts) > 1 else []
             grouped += [f"[rank {r}] {x}" for r, (out, _) in enumerate(ranks) for x in out.lines]
         errs = [f"[rank {r}] {strip(x)}" for r, (_, e) in enumerate(logs.last()) for x in e.lines]
         if outcome == "ok":
             _write(sys.stdout, grouped)
             _write(sys.stderr, errs)
         elif outcome is not None:
-            what = {"failure": "失败", "timeout": "超时", "interrupted": "中断"}[outcome]
-            outcome_en = "interrupt" if outcome == "interrupted" else outcome
-            sys.stderr.write(tr(f"[launcher] what the ranks printed before the {outcome_en}:\n",
-                                f"[启动器] {what}之前各 rank 打印的内容：\n"))
+            what = {"failure": tr("failure", "失败"), "timeout": tr("timeout", "超时"),
+                    "interrupted": tr("interrupt", "中断")}[outcome]
+            sys.stderr.write(tr("[launcher] what the ranks printed before the {what}:\n",
+                                "[启动器] {what}之前各 rank 打印的内容：\n", what=what))
             _write(sys.stderr, grouped + (errs if outcome != "failure" else []))

@@ -122,12 +122,12 @@ def spawn_bounded(
     codes = [p.exitcode for p in ctx.processes if p.exitcode != 0]
     if late:
         msg = tr(
-            f"{len(late)} of {nprocs} spawned processes did not finish within {timeout:g} s and "
-            "were stopped. A process waiting forever (in init_process_group, a collective, ...) "
-            "usually means that another one never joined.",
-            f"启动的 {nprocs} 个进程中有 {len(late)} 个没有在 {timeout:g} 秒内结束，已被终止。"
-            "一个进程永远等下去（在 init_process_group、某个集合通信……中），"
-            "通常说明另一个进程始终没有加入。")
+            "{n_late} of {nprocs} spawned processes did not finish within {timeout:g} s and were stopped. "
+            "A process waiting forever (in init_process_group, a collective, ...) usually means that "
+            "another one never joined.",
+            "启动的 {nprocs} 个进程中有 {n_late} 个没有在 {timeout:g} 秒内结束，已被终止。"
+            "一个进程永远等下去（在 init_process_group、某个集合通信……中），通常说明另一个进程始终没有加入。",
+            n_late=len(late), nprocs=nprocs, timeout=timeout)
         raise SpawnFailed(msg, None, err.text)
     if codes:
         code, causes = max(set(codes), key=codes.count), error_lines(err.text)

@@ -299,7 +299,8 @@ class Warm:
         return {0: self.folder}
 
     def output(self) -> str:
-        lines = [tr(f"rank {r} exited with {describe_exit(c)}", f"rank {r} 已退出：{describe_exit(c)}")
+        lines = [tr("rank {r} exited with {describe_exit}", "rank {r} 已退出：{describe_exit}",
+                    r=r, describe_exit=describe_exit(c))
                  for r, c in sorted(self.codes.items())]
         return "\n".join([*lines, self.note]).strip()
 

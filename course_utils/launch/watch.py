@@ -145,6 +145,5 @@ def _stop_interrupted(job: Engine, display: Display, logs: Logs, pressed: list, 
     display.end(logs, "interrupted")
     where = job.job.logs
     exc.args = (tr(
-        f"the job was interrupted, and every process of it was stopped. What the ranks printed "
-        f"is above; logs: {where}",
-        f"作业被中断，它的所有进程都已停止。各 rank 打印的内容在上面；日志：{where}"),)
+        "the job was interrupted, and every process of it was stopped. What the ranks printed is above; logs: {where}",
+        "作业被中断，它的所有进程都已停止。各 rank 打印的内容在上面；日志：{where}", where=where),)
