@@ -241,10 +241,11 @@ def _two_step_facts(fn, world):
             kind, text, line, own = rec["error"]
             if kind == "TimeUp":
                 raise Incorrect(tr(
-                    f"on {world} ranks, your function did not finish within {core.TIME_LIMIT_S:g} s on rank {rank}: "
+                    "on {world} ranks, your function did not finish within {limit:g} s on rank {rank}: "
                     "an endless loop, or a collective that another rank does not call?",
-                    f"在 {world} 个 rank 上，你的函数在 rank {rank} 上没有在 {core.TIME_LIMIT_S:g} 秒内结束："
+                    "在 {world} 个 rank 上，你的函数在 rank {rank} 上没有在 {limit:g} 秒内结束："
                     "是死循环，还是调用了其他 rank 没有调用的集合通信？",
+                    world=world, rank=rank, limit=core.TIME_LIMIT_S,
                 ))
             code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
             if kind == "NotImplementedError" and own and (code.startswith("raise") if code else not text):
