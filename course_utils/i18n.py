@@ -105,7 +105,9 @@ def tr(en: str, zh: str, /, **fields: object) -> str:
     and a Latin letter, digit or code on either side are set apart by a space, as :func:`spaced` does:
     ``"而不是{it}。"`` gives ``而不是 None。`` and ``而不是一个列表。`` (Latin punctuation of the template, as
     in ``"`{name}`"``, stays next to its value). Where the languages need different words (a plural, a
-    clause in one language only), pass a phrase made by its own ``tr()`` as a field.
+    clause in one language only), pass a phrase made by its own ``tr()`` as a field; where one language
+    leaves a value out, its template names it cut to nothing, ``{cores:.0}`` (a string value), so that
+    both still name the same fields (``tests/test_i18n.py`` checks that they do).
     """
     return _fill(zh if language() == "zh-CN" else en, fields)
 
