@@ -14,9 +14,9 @@
 3. Tests record no learner progress (course_utils.progress), whatever this computer's setting.
 4. Under ``--dist loadgroup`` (``make test``'s workers: one more than the cores, ``tools/lanes.py``): a
    notebook's cells share one kernel, so they go to one worker, in order; the notebooks are handed
-   out first (they are the longest pieces of work) and each unit test then goes to whichever worker
-   is free, so that the workers end together instead of one waiting while another runs a long test
-   file alone.
+   out first (they are the longest pieces of work), then the unit tests marked slow, and each unit
+   test goes to whichever worker is free, so that the workers end together instead of one waiting
+   while another runs a long test alone.
 5. A warning raised from the course's own code (``course_utils``, ``tools``, the scripts of
    ``notebooks/scripts/`` that tests import as ``notebooks.scripts.NAME``) is an error in the unit
    tests, as a new warning is in the notebooks. A test that expects one says so with
@@ -92,8 +92,11 @@ def _notebook(nodeid: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Notebooks first (see 4. above); the order is the same in every worker, as xdist requires."""
-    items.sort(key=lambda item: _notebook(item.nodeid) is None)  # stable: a notebook's cells stay in order
+    """Notebooks first (see 4. above), then the unit tests marked slow (seconds each: handed out early,
+    none of them is left to run alone at the end), then the rest; the order is the same in every worker,
+    as xdist requires."""
+    # stable: a notebook's cells stay in order
+    items.sort(key=lambda item: (_notebook(item.nodeid) is None, item.get_closest_marker("slow") is None))
 
 
 @pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`) has no such hook

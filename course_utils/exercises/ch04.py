@@ -220,6 +220,27 @@ class OnRanks(Exercise):
         return super().check(answer)
 
 
+def _raise_rank_error(fn, world, rank, kind, text, line, own):
+    """Incorrect (or NotAttempted, for the unfinished stub) for what rank `rank` of `world` raised."""
+    if kind == "TimeUp":
+        raise Incorrect(tr(
+            "on {world} ranks, your function did not finish within {limit:g} s on rank {rank}: "
+            "an endless loop, or a collective that another rank does not call?",
+            "在 {world} 个 rank 上，你的函数在 rank {rank} 上没有在 {limit:g} 秒内结束："
+            "是死循环，还是调用了其他 rank 没有调用的集合通信？",
+            world=world, rank=rank, limit=core.TIME_LIMIT_S,
+        ))
+    code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
+    if kind == "NotImplementedError" and own and (code.startswith("raise") if code else not text):
+        raise NotAttempted(stub_message())  # the learner's unfinished body, as compare._is_stub judges it
+    where = tr(" (line {line}: `{code}`)", "（第 {line} 行：`{code}`）", line=line, code=code) if code else ""
+    raise Incorrect(tr(
+        "on {world} ranks, your function raised {kind}: {text} on rank {rank}{where}.",
+        "在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: {text}{where}。",
+        world=world, kind=kind, text=' '.join(text), rank=rank, where=where,
+    ))
+
+
 def _two_step_facts(fn, world):
     if not _runs_alone(fn):
         free = ", ".join(getattr(getattr(fn, "__code__", None), "co_freevars", ()))
@@ -238,24 +259,7 @@ def _two_step_facts(fn, world):
     found = found[world]
     for rank, rec in enumerate(found):
         if rec["error"] is not None:
-            kind, text, line, own = rec["error"]
-            if kind == "TimeUp":
-                raise Incorrect(tr(
-                    "on {world} ranks, your function did not finish within {limit:g} s on rank {rank}: "
-                    "an endless loop, or a collective that another rank does not call?",
-                    "在 {world} 个 rank 上，你的函数在 rank {rank} 上没有在 {limit:g} 秒内结束："
-                    "是死循环，还是调用了其他 rank 没有调用的集合通信？",
-                    world=world, rank=rank, limit=core.TIME_LIMIT_S,
-                ))
-            code = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
-            if kind == "NotImplementedError" and own and (code.startswith("raise") if code else not text):
-                raise NotAttempted(stub_message())  # the learner's unfinished body, as compare._is_stub judges it
-            where = tr(" (line {line}: `{code}`)", "（第 {line} 行：`{code}`）", line=line, code=code) if code else ""
-            raise Incorrect(tr(
-                "on {world} ranks, your function raised {kind}: {text} on rank {rank}{where}.",
-                "在 {world} 个 rank 上，你的函数在 rank {rank} 上抛出了 {kind}: {text}{where}。",
-                world=world, kind=kind, text=' '.join(text), rank=rank, where=where,
-            ))
+            _raise_rank_error(fn, world, rank, *rec["error"])
         bad = next((x for x in rec["returned"] if isinstance(x, str)), None)
         if bad is not None:
             raise Incorrect(tr("on {world} ranks, rank {rank} returned {bad}, not the tensor of sums.",
