@@ -1,5 +1,7 @@
 """course_utils.ch05_full_pipeline and chapter 05's training script: configuration, models, evaluation across
-ranks, atomic checkpoints, exact resume, and (slow) the elastic restart with real processes."""
+ranks, atomic checkpoints, exact resume, and (slow) faults with real processes. The elastic restart after a
+crash is the notebook's own check: its cell asserts one restart and the uninterrupted run's weights and losses,
+to the bit, in both editions (the unit test that ran the same job again was removed)."""
 
 from __future__ import annotations
 
@@ -600,27 +602,6 @@ def test_resume_without_the_random_state_is_not_exact(world_of_one, tmp_path, mo
     wa = torch.load(a / "final.pt", weights_only=True)
     wb = torch.load(b / "final.pt", weights_only=True)
     assert max_abs_diff(wa, wb) > 0.0
-
-
-@pytest.mark.slow
-def test_elastic_restart_after_a_crash_equals_uninterrupted(tmp_path):
-    """Two real ranks; rank 1 dies in epoch 2; torchrun --max-restarts 1 restarts; same weights."""
-    from course_utils.launch import torchrun
-
-    common = ["--model", "mlp", "--epochs", "3", "--no-progress"]
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    ref = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "ref"], timeout=240,
-                   backend="gloo", show=False, env=env)
-    crash = torchrun(SCRIPT, nproc=2, args=[*common, "--out-dir", tmp_path / "el", "--crash-at-epoch", 2],
-                     timeout=240, backend="gloo", max_restarts=1, show=False, env=env)
-    assert ref.restarts == 0 and crash.restarts == 1
-    assert "dying on purpose in epoch 2" in crash.attempts[0][1]
-    assert "resumed from last.pt: 1 epoch(s) done (restart 1)" in crash.logs[0]
-    wa = torch.load(tmp_path / "ref" / "final.pt", weights_only=True)
-    wb = torch.load(tmp_path / "el" / "final.pt", weights_only=True)
-    assert max_abs_diff(wa, wb) == 0.0
-    s = json.loads((tmp_path / "el" / "summary.json").read_text())
-    assert s["test_total"] == 359 and s["world_size"] == 2
 
 
 def test_a_damaged_checkpoint_is_refused_once_with_what_to_do(world_of_one, tmp_path, capsys):
