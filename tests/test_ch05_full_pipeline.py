@@ -1,7 +1,7 @@
 """course_utils.ch05_full_pipeline and chapter 05's training script: configuration, models, evaluation across
 ranks, atomic checkpoints, exact resume, and (slow) faults with real processes. The elastic restart after a
 crash is the notebook's own check: its cell asserts one restart and the uninterrupted run's weights and losses,
-to the bit, in both editions (the unit test that ran the same job again was removed)."""
+to the bit, in both editions."""
 
 from __future__ import annotations
 
