@@ -125,7 +125,7 @@ def _explain_pip_failure(log_text, wheels=None, log=None):
     """One paragraph on why pip failed, from its log (`log`: where that log is, to point at it)."""
     if re.search(r"No space left on device|\[Errno 28\]", log_text):
         return ("there is no space left on the disk (pip: \"No space left on device\"). The course's packages "
-                "need about 6 GB (PyTorch is large): free some space, then run the same command again (set-up "
+                "need about 7 GB (PyTorch is large): free some space, then run the same command again (set-up "
                 "starts over).")
     if wheels is not None:
         missing = re.search(r"No matching distribution found for (\S+)", log_text)
