@@ -68,7 +68,7 @@ def show(x: Any, other: Any = None) -> str:
 
 def tensor_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     """How tensor `got` differs from `want`, said after its name (``x.grad has shape ...``; Chinese: the
-    name, then ``的形状是 ...`` or ``在索引 ... 处是 ...``, to join with :func:`spaced`)."""
+    name, then ``的形状是 ...`` or ``在索引 ... 处是 ...``: a field of a :func:`tr` template, which spaces it)."""
     if got.shape != want.shape:
         return tr("has shape {shape}, but it should have shape {want_shape}", "的形状是 {shape}，但应该是 {want_shape}",
                   shape=tuple(got.shape), want_shape=tuple(want.shape))

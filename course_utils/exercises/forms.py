@@ -28,7 +28,7 @@ class NotAttempted(Exception):
 
 def kind(x: Any) -> str:
     """How an answer reads to a learner: "a tensor of shape (3,)", "a function", "a list"... (in Chinese
-    形状为 (3,) 的张量, 一个函数, 一个列表...: join it to Chinese words with :func:`spaced`)."""
+    形状为 (3,) 的张量, 一个函数, 一个列表...: a field of a :func:`tr` template, which spaces it)."""
     if isinstance(x, torch.Tensor):
         return tr("a tensor of shape {shape}", "形状为 {shape} 的张量", shape=tuple(x.shape))
     if isinstance(x, type):
