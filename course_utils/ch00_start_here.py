@@ -51,8 +51,8 @@ def draw_grid(images: torch.Tensor, labels: list[int], title: str = "", cols: in
         fig.suptitle(title)
     fig.tight_layout()
     shown = ", ".join(map(str, labels))
-    return describe_figure(fig, f"A grid of {n} handwritten digit images, each titled with its label: {shown}.",
-                    f"{n} 张手写数字图像排成的网格，每张图上方标有它的标签：{shown}。")
+    return describe_figure(fig, "A grid of {n} handwritten digit images, each titled with its label: {shown}.",
+                           "{n} 张手写数字图像排成的网格，每张图上方标有它的标签：{shown}。", n=n, shown=shown)
 
 
 def _split_name(split: str) -> str:
@@ -68,11 +68,11 @@ def show(split: str = _D["split"], label: int | None = _D["label"], n: int = _D[
                n=n, split=_split_name(split), which=which, seed=seed)
     fig = draw_grid(images, labels, title)
     shown = ", ".join(map(str, labels))
-    return describe_figure(fig, f"{len(labels)} handwritten digits from the {split} split ({which}, seed {seed}), "
-                         f"28x28 pixels each, dark strokes on white, in a grid; their labels in order: {shown}.",
-                    f"{_split_name(split)}中的 {len(labels)} 个手写数字（{which}，随机种子 "
-                    f"{seed}），每张 28x28 像素，"
-                    f"白底深色笔画，排成网格；按顺序的标签：{shown}。")
+    return describe_figure(fig, "{count} handwritten digits from the {split} split ({which}, seed {seed}), "
+                           "28x28 pixels each, dark strokes on white, in a grid; their labels in order: {shown}.",
+                           "{split}中的 {count} 个手写数字（{which}，随机种子 {seed}），每张 28x28 像素，"
+                           "白底深色笔画，排成网格；按顺序的标签：{shown}。",
+                           count=len(labels), split=_split_name(split), which=which, seed=seed, shown=shown)
 
 
 def gallery_widget():

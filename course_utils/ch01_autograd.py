@@ -237,12 +237,12 @@ def sigmoid_example_figure(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> An
     grads = ", ".join(f"{k} = {auto[k]:.3e}" for k in keys[::-1])
     return describe_figure(
         fig,
-        f"Left: the S-shaped curve z = sigmoid(y), with the point y = {y:.2f}, z = {z:.4f} (x = {x:g}, w = {w:g}, "
-        f"b = {b:g}) and its tangent, of slope {slope:.3e}. Right: a bar chart of the three gradients that "
-        f"autograd gives: {grads}.",
-        f"左图：S 形曲线 z = sigmoid(y)，标出点 y = {y:.2f}，z = {z:.4f}（x = {x:g}，w = "
-        f"{w:g}，b = {b:g}）"
-        f"及其切线，斜率 {slope:.3e}。右图：autograd 给出的三个梯度的柱状图：{grads}。")
+        "Left: the S-shaped curve z = sigmoid(y), with the point y = {y:.2f}, z = {z:.4f} (x = {x:g}, w = {w:g}, "
+        "b = {b:g}) and its tangent, of slope {slope:.3e}. Right: a bar chart of the three gradients that "
+        "autograd gives: {grads}.",
+        "左图：S 形曲线 z = sigmoid(y)，标出点 y = {y:.2f}，z = {z:.4f}（x = {x:g}，w = {w:g}，b = {b:g}）"
+        "及其切线，斜率 {slope:.3e}。右图：autograd 给出的三个梯度的柱状图：{grads}。",
+        y=y, z=z, x=x, w=w, b=b, slope=slope, grads=grads)
 
 
 def sigmoid_explorer(x: float = 2.0, w: float = 3.0, b: float = 1.0) -> Any:

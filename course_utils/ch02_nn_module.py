@@ -115,17 +115,17 @@ def plot_activation_stats(stats: dict[str, dict[str, Any]], title: str):
     fig.suptitle(title)
     fig.tight_layout()
     layers = list(stats.items())
-    std_en = "; ".join(f"{name} ({s['kind']}) std {s['std']:.3f}, {s['zeros']:.0%} zeros" for name, s in layers)
-    std_zh = "；".join(f"{name}（{s['kind']}）标准差 {s['std']:.3f}，零值 {s['zeros']:.0%}"
-                      for name, s in layers)
-    grad = len(panels) == 3
+    spreads = tr("; ", "；").join(tr("{name} ({kind}) std {std:.3f}, {zeros:.0%} zeros",
+                                    "{name}（{kind}）标准差 {std:.3f}，零值 {zeros:.0%}",
+                                    name=name, kind=s["kind"], std=s["std"], zeros=s["zeros"]) for name, s in layers)
+    gradient = tr(" and the norm of its gradient", "以及梯度的范数") if len(panels) == 3 else ""
     return describe_figure(
         fig,
-        f"{len(panels)} bar charts, one bar per layer in forward order, of each layer's output spread, "
-        f"its share of exact zeros{' and the norm of its gradient' if grad else ''}: {std_en}.",
-        f"{len(panels)} 个柱状图，每层一根柱子，按前向传播的顺序，"
-        "画出每层输出的标准差、恰好为 0 的比例"
-        f"{'以及梯度的范数' if grad else ''}：{std_zh}。")
+        "{count} bar charts, one bar per layer in forward order, of each layer's output spread, "
+        "its share of exact zeros{gradient}: {spreads}.",
+        "{count} 个柱状图，每层一根柱子，按前向传播的顺序，"
+        "画出每层输出的标准差、恰好为 0 的比例{gradient}：{spreads}。",
+        count=len(panels), gradient=gradient, spreads=spreads)
 
 
 # --------------------------------------------------------------------------- initialisation vs depth
@@ -218,16 +218,18 @@ def plot_init_vs_depth(results: dict[str, dict[str, list[float]]], width: int = 
                     "初始化如何决定信号随深度变化的尺度"))
     fig.tight_layout()
     ends = {act: {scheme: stds[-1] for scheme, stds in by.items()} for act, by in results.items()}
-    en = "; ".join(f"{act}: " + ", ".join(f"{k} {v:.1e}" for k, v in by.items()) for act, by in ends.items())
-    zh = "；".join(f"{act}：" + "，".join(f"{_legend_label(k)} {v:.1e}" for k, v in by.items())
-                  for act, by in ends.items())
+    last = tr("; ", "；").join(
+        tr("{act}: {spreads}", "{act}：{spreads}", act=act, spreads=tr(", ", "，").join(
+            tr("{scheme} {std:.1e}{label:.0}", "{label} {std:.1e}{scheme:.0}", scheme=k, label=_legend_label(k), std=v)
+            for k, v in by.items()))
+        for act, by in ends.items())
     return describe_figure(
         fig,
-        f"Line charts, one per activation, of the signal's spread (log scale) after each of "
-        f"{len(depths)} layers, one line per initialisation; after the last layer: {en}.",
-        "折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 "
-        f"{len(depths)} 层逐层的变化，"
-        f"每种初始化一条线；最后一层之后：{zh}。")
+        "Line charts, one per activation, of the signal's spread (log scale) after each of "
+        "{depth} layers, one line per initialisation; after the last layer: {last}.",
+        "折线图，每种激活函数一幅，画出信号的标准差（对数坐标）随 {depth} 层逐层的变化，"
+        "每种初始化一条线；最后一层之后：{last}。",
+        depth=len(depths), last=last)
 
 
 # --------------------------------------------------------------------------- model builder

@@ -114,12 +114,12 @@ def draw_batch_view(view: BatchView, images: torch.Tensor, classes: Sequence | N
     labels = ", ".join(str(classes[v] if classes else v) for v in view.labels)
     return describe_figure(
         fig,
-        f"{title}. Top: the batch's {k} images, each titled with its dataset index and label (labels: "
-        f"{labels}). Bottom: a scatter plot of the dataset index at each position of the epoch, the "
-        f"batch's points highlighted.",
-        f"{title}。上方：这个批次的 {k} 张图像，"
-        f"每张标有数据集索引和标签（标签：{labels}）。"
-        f"下方：该 epoch 每个位置上的数据集索引的散点图，这个批次的点被突出显示。")
+        "{title}. Top: the batch's {k} images, each titled with its dataset index and label (labels: "
+        "{labels}). Bottom: a scatter plot of the dataset index at each position of the epoch, the "
+        "batch's points highlighted.",
+        "{title}。上方：这个批次的 {k} 张图像，每张标有数据集索引和标签（标签：{labels}）。"
+        "下方：该 epoch 每个位置上的数据集索引的散点图，这个批次的点被突出显示。",
+        title=title, k=k, labels=labels)
 
 
 def batch_browser(images: torch.Tensor, labels: Sequence[int]) -> Any:

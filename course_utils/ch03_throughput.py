@@ -178,18 +178,18 @@ def plot_curves(runs: Sequence[LoaderRun], cores: int, reference: dict | None = 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    points_en = "; ".join(f"{label}: " + ", ".join(f"{w} workers {v:.0f}/s" for w, v in xy.items())
-                          for label, (_, xy) in curves.items())
-    points_zh = "；".join(f"{label}：" + "，".join(f"{w} 个 worker {v:.0f}/s" for w, v in xy.items())
-                          for label, (_, xy) in curves.items())
+    points = tr("; ", "；").join(
+        tr("{label}: {rates}", "{label}：{rates}", label=label, rates=tr(", ", "，").join(
+            tr("{w} workers {v:.0f}/s", "{w} 个 worker {v:.0f}/s", w=w, v=v) for w, v in xy.items()))
+        for label, (_, xy) in curves.items())
     return describe_figure(
         fig,
-        f"Two line charts against num_workers: images loaded per second, and the speed-up over loading in "
-        f"the main process, one line per machine, a dashed line at each machine's number of cores. "
-        f"Images per second: {points_en}.",
-        "两幅以 num_workers 为横轴的折线图：每秒加载的图像数，"
-        "以及相对于在主进程中加载的加速比；每台机器一条线，"
-        f"虚线标出各机器的核心数。每秒图像数：{points_zh}。")
+        "Two line charts against num_workers: images loaded per second, and the speed-up over loading in "
+        "the main process, one line per machine, a dashed line at each machine's number of cores. "
+        "Images per second: {points}.",
+        "两幅以 num_workers 为横轴的折线图：每秒加载的图像数，以及相对于在主进程中加载的加速比；每台机器一条线，"
+        "虚线标出各机器的核心数。每秒图像数：{points}。",
+        points=points)
 
 
 def training_seconds(

@@ -111,15 +111,15 @@ def draw_sampler(n: int = 10, world_size: int = 3, epoch: int = 0, shuffle: bool
                     n=n, world_size=world_size, epoch=epoch, shuffle=shuffle, drop_last=drop_last), fontsize=10)
     fig.tight_layout()
     title = " ".join(ax.get_title().split())
+    said = tr("; ", "；").join(tr("rank {r}: {share}", "rank {r}：{share}", r=r, share=share)
+                              for r, share in enumerate(shares))
     return describe_figure(
         fig,
-        f"{title}. Rows of numbered boxes: the top row is the epoch's order of the data set's indices "
-        f"{order}; below it, one row per rank with its share: "
-        + "; ".join(f"rank {r}: {share}" for r, share in enumerate(shares)) + f". {note}.",
-        f"{title}。一行行带编号的方框：最上面一行是该 epoch 中数据集索引的顺序 "
-        f"{order}；下面每个 rank 一行，"
-        "是它分到的部分："
-        + "；".join(f"rank {r}：{share}" for r, share in enumerate(shares)) + f"。{note}。")
+        "{title}. Rows of numbered boxes: the top row is the epoch's order of the data set's indices "
+        "{order}; below it, one row per rank with its share: {said}. {note}.",
+        "{title}。一行行带编号的方框：最上面一行是该 epoch 中数据集索引的顺序 {order}；下面每个 rank 一行，"
+        "是它分到的部分：{said}。{note}。",
+        title=title, order=order, said=said, note=note)
 
 
 def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -144,18 +144,19 @@ def draw_sampler_epochs(records: Sequence[Mapping[str, Any]]) -> Any:
                     "谁读取了哪个样本（数字：在该 rank 的 epoch 中的位置）"))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
 
-    def reads(mode: str, sep: str, rank_word: str) -> str:
-        return sep.join(f"epoch {e}: " + ", ".join(f"{rank_word} {rec['rank']} {list(rec[mode][e])}" for rec in records)
-                        for e in range(epochs))
+    def reads(mode: str) -> str:
+        return tr("; ", "；").join(
+            f"epoch {e}: " + ", ".join(f"rank {rec['rank']} {list(rec[mode][e])}" for rec in records)
+            for e in range(epochs))
     return describe_figure(
         fig,
-        f"Two grids of boxes, one per mode, with a row per epoch and a column per item of the {n}-item data "
-        f"set, each box coloured by the rank that read the item. With set_epoch, the items each rank "
-        f"reads: {reads(modes[0], '; ', 'rank')}. Without set_epoch: {reads(modes[1], '; ', 'rank')}.",
-        f"两组方框网格，每种做法一组：每个 epoch 一行，{n} "
-        "个样本的数据集中每个样本一列，方框的颜色表示读取它的 rank。"
-        f"调用 set_epoch 时，各 rank 读取的样本：{reads(modes[0], '；', 'rank')}。"
-        f"不调用 set_epoch 时：{reads(modes[1], '；', 'rank')}。")
+        "Two grids of boxes, one per mode, with a row per epoch and a column per item of the {n}-item data "
+        "set, each box coloured by the rank that read the item. With set_epoch, the items each rank "
+        "reads: {with_epoch}. Without set_epoch: {without}.",
+        "两组方框网格，每种做法一组：每个 epoch 一行，{n} 个样本的数据集中每个样本一列，"
+        "方框的颜色表示读取它的 rank。"
+        "调用 set_epoch 时，各 rank 读取的样本：{with_epoch}。不调用 set_epoch 时：{without}。",
+        n=n, with_epoch=reads(modes[0]), without=reads(modes[1]))
 
 
 def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -193,16 +194,16 @@ def draw_collectives(records: Sequence[Mapping[str, Any]]) -> Any:
                     "在 {world} 个真实进程上运行集合通信：每个 rank 调用前后持有的数据", world=world))
     fig.tight_layout(rect=(0, 0.04, 1, 1))
 
-    def held(sep: str, arrow: str) -> str:
-        return sep.join(f"{name}: " + ", ".join(f"rank {r} {list(res[name]['before'])}{arrow}{list(res[name]['after'])}"
-                                                for r, res in enumerate(results)) for name in names)
+    held = tr("; ", "；").join(f"{name}: " + ", ".join(
+        tr("rank {r} {before} becomes {after}", "rank {r} {before} 变为 {after}",
+           r=r, before=list(res[name]["before"]), after=list(res[name]["after"])) for r, res in enumerate(results))
+        for name in names)
     return describe_figure(
         fig,
-        f"For each of {len(names)} collectives on {world} processes, rows of boxes with the values each rank "
-        f"holds before and after the call: {held('; ', ' becomes ')}.",
-        f"{len(names)} 种集合通信在 {world} 个进程上运行，每种画出一行行方框："
-        "每个 rank 调用前后持有的值："
-        f"{held('；', ' 变为 ')}。")
+        "For each of {count} collectives on {world} processes, rows of boxes with the values each rank "
+        "holds before and after the call: {held}.",
+        "{count} 种集合通信在 {world} 个进程上运行，每种画出一行行方框：每个 rank 调用前后持有的值：{held}。",
+        count=len(names), world=world, held=held)
 
 
 def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, Sequence[int]]]) -> Any:
@@ -227,22 +228,22 @@ def draw_shards(full: Mapping[str, Sequence[int]], local: Sequence[Mapping[str, 
     ax.set_title(tr("fully_shard: every rank stores a slice of every parameter",
                     "fully_shard：每个 rank 只存储每个参数的一个分片"))
     fig.tight_layout()
-    en, zh = [], []
+    params = []
     for name in full:
-        rows, start, parts_en, parts_zh = int(full[name][0]), 0, [], []
+        rows, start, parts = int(full[name][0]), 0, []
         for r, shapes in enumerate(local):
             k = min(int(shapes[name][0]), rows - start)
-            parts_en.append(f"rank {r} rows {start}-{start + k - 1}")
-            parts_zh.append(f"rank {r} 第 {start}-{start + k - 1} 行")
+            parts.append(tr("rank {r} rows {start}-{end}", "rank {r} 第 {start}-{end} 行", r=r, start=start,
+                            end=start + k - 1))
             start += k
-        en.append(f"{name} {list(full[name])}: " + ", ".join(parts_en))
-        zh.append(f"{name} {list(full[name])}：" + "，".join(parts_zh))
+        params.append(tr("{name} {shape}: {parts}", "{name} {shape}：{parts}", name=name, shape=list(full[name]),
+                         parts=tr(", ", "，").join(parts)))
     return describe_figure(
         fig,
         "Horizontal bars, one per parameter of the model, each split into the rows (dim 0) that each rank "
-        "stores under fully_shard: " + "; ".join(en) + ".",
-        "水平条形图，模型的每个参数一条，"
-        "按 fully_shard 下每个 rank 存储的行（第 0 维）分段：" + "；".join(zh) + "。")
+        "stores under fully_shard: {params}.",
+        "水平条形图，模型的每个参数一条，按 fully_shard 下每个 rank 存储的行（第 0 维）分段：{params}。",
+        params=tr("; ", "；").join(params))
 
 
 def sampler_explorer() -> Any:

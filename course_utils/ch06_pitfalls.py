@@ -198,18 +198,19 @@ def sampler_figure(orders: dict[str, list[list[list[int]]]]):
     )
     fig.tight_layout()
 
-    def visits(sep: str, word: str, colon: str = ": ", comma: str = ", ") -> str:
-        return sep.join(f"{title}{colon}" + comma.join(f"epoch {e} rank {r} {word} {o[e][r]}" for e in range(epochs)
-                                                       for r in range(world_size)) for title, o in orders.items())
+    visits = tr("; ", "；").join(
+        tr("{title}: {visits}", "{title}：{visits}", title=title, visits=tr(", ", "，").join(
+            tr("epoch {e} rank {r} visits {order}", "epoch {e} rank {r} 访问 {order}", e=e, r=r, order=o[e][r])
+            for e in range(epochs) for r in range(world_size)))
+        for title, o in orders.items())
     return describe_figure(
         fig,
-        f"{len(orders)} grids, one per way of building the loaders, with a row per epoch and rank and a column "
-        f"per sample; a numbered cell is a sample that rank visits, the number its position. The samples "
-        f"each rank visits, in order: {visits('; ', 'visits')}.",
-        f"{len(orders)} 个网格，每种构建加载器的方式一个：每个 epoch 的每个 "
-        "rank 一行，每个样本一列；"
-        "带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank "
-        f"按顺序访问的样本：{visits('；', '访问', '：', '，')}。")
+        "{count} grids, one per way of building the loaders, with a row per epoch and rank and a column "
+        "per sample; a numbered cell is a sample that rank visits, the number its position. The samples "
+        "each rank visits, in order: {visits}.",
+        "{count} 个网格，每种构建加载器的方式一个：每个 epoch 的每个 rank 一行，每个样本一列；"
+        "带数字的格子是该 rank 访问的样本，数字是访问次序。各 rank 按顺序访问的样本：{visits}。",
+        count=len(orders), visits=visits)
 
 
 # ---------------------------------------------------------------------------------------------

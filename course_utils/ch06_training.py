@@ -234,16 +234,16 @@ def switchboard_figure(mistakes: Sequence[str] | None = ("no_zero_grad",)):
     fig.suptitle(tr("Mistakes on: {labels}", "打开的错误：{labels}", labels=labels), fontsize=10)
     fig.tight_layout()
     title = fig.get_suptitle()
-    ends_en = "; ".join(f"{name}: training loss {run.train_loss[-1]:.3f} at the end, validation loss as "
-                        f"reported {run.val_loss[-1]:.3f}" for run, _, name in runs)
-    ends_zh = "；".join(f"{name}：最终训练损失 {run.train_loss[-1]:.3f}，"
-                        f"报告的验证损失 {run.val_loss[-1]:.3f}" for run, _, name in runs)
+    ends = tr("; ", "；").join(
+        tr("{name}: training loss {train:.3f} at the end, validation loss as reported {val:.3f}",
+           "{name}：最终训练损失 {train:.3f}，报告的验证损失 {val:.3f}",
+           name=name, train=run.train_loss[-1], val=run.val_loss[-1]) for run, _, name in runs)
     return describe_figure(
         fig,
-        f"{title}. Two line charts against the training step: the training loss (moving average of 5 steps) "
-        f"and the validation loss, one line per run. {ends_en}.",
-        f"{title}。两幅以训练步数为横轴的折线图：训练损失（5 步滑动平均）和验证损失，"
-        f"每次运行一条线。{ends_zh}。")
+        "{title}. Two line charts against the training step: the training loss (moving average of 5 steps) "
+        "and the validation loss, one line per run. {ends}.",
+        "{title}。两幅以训练步数为横轴的折线图：训练损失（5 步滑动平均）和验证损失，每次运行一条线。{ends}。",
+        title=title, ends=ends)
 
 
 def _summary_lines(rows: Sequence[tuple[str, SwitchboardRun]]) -> str:

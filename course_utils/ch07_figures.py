@@ -51,13 +51,13 @@ def draw_tp_shards(record: Mapping[str, Any], world: int) -> Any:
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     parts = "; ".join(f"{n} {shards[n][0]} -> {shards[n][1]}" for n, _ in names)
     return describe_figure(
-        fig, f"Four weight matrices drawn as rectangles, each cut into {world} coloured parts, one per rank: q and up "
-        f"are cut by rows (output features, ColwiseParallel), o and down by columns (input features, RowwiseParallel). "
-        f"Full shape -> each rank's part: {parts}.",
-        f"四个权重矩阵画成矩形，每个切成 {world} 个彩色部分，每个 rank 一份：q 和 up "
-        "按行切分（输出特征，ColwiseParallel），"
-        "o 和 down 按列切分（输入特征，RowwiseParallel）。完整形状 -> 每个 "
-        f"rank 的部分：{parts}。")
+        fig, "Four weight matrices drawn as rectangles, each cut into {world} coloured parts, one per rank: q and up "
+        "are cut by rows (output features, ColwiseParallel), o and down by columns (input features, RowwiseParallel). "
+        "Full shape -> each rank's part: {parts}.",
+        "四个权重矩阵画成矩形，每个切成 {world} 个彩色部分，每个 rank 一份："
+        "q 和 up 按行切分（输出特征，ColwiseParallel），"
+        "o 和 down 按列切分（输入特征，RowwiseParallel）。完整形状 -> 每个 rank 的部分：{parts}。",
+        world=world, parts=parts)
 
 
 def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -78,14 +78,14 @@ def draw_pipeline(records: Sequence[Mapping[str, Any]]) -> Any:
     fig.tight_layout()
     m, n = records[0]["microbatches"], len(records)
     return describe_figure(
-        fig, f"Two timelines measured on {n} ranks, GPipe above and 1F1B below: for each stage a row of blue forward "
-        f"boxes and orange backward boxes of micro-batches 0 to {m - 1}. GPipe runs every forward before any backward; "
-        + ("1F1B interleaves them, so stage 0 holds fewer micro-batches at once." if m > n else
-           "1F1B interleaves them; with no more micro-batches than stages, stage 0 still holds all of them at once."),
-        f"在 {n} 个 rank 上测得的两条时间线，上为 GPipe，下为 1F1B：每个阶段一行，"
-        f"蓝色为微批次 0 到 {m - 1} 的前向，"
-        "橙色为反向。GPipe 先做完所有前向再做反向；"
-        + ("1F1B 让两者交替，因此阶段 0 同时持有的微批次更少。" if m > n else
+        fig, "Two timelines measured on {n} ranks, GPipe above and 1F1B below: for each stage a row of blue forward "
+        "boxes and orange backward boxes of micro-batches 0 to {last}. GPipe runs every forward before any backward; "
+        "{interleaved}",
+        "在 {n} 个 rank 上测得的两条时间线，上为 GPipe，下为 1F1B：每个阶段一行，蓝色为微批次 0 到 {last} 的前向，"
+        "橙色为反向。GPipe 先做完所有前向再做反向；{interleaved}",
+        n=n, last=m - 1, interleaved=tr("1F1B interleaves them, so stage 0 holds fewer micro-batches at once.",
+                                        "1F1B 让两者交替，因此阶段 0 同时持有的微批次更少。") if m > n else
+        tr("1F1B interleaves them; with no more micro-batches than stages, stage 0 still holds all of them at once.",
            "1F1B 让两者交替；但微批次不多于阶段数时，阶段 0 仍会同时持有全部微批次。"))
 
 
@@ -111,18 +111,16 @@ def draw_mesh(records: Sequence[Mapping[str, Any]]) -> Any:
         ax.set_ylabel(tr("row of attn.q.weight", "attn.q.weight 的行"))
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    def held(key: str, rows: str, sep: str) -> str:
-        return sep.join(f"rank {rec['rank']} " + rows.format(rec[key]["rows"][0], rec[key]["rows"][-1])
-                        for rec in records)
+    def held(key: str) -> str:
+        return tr("; ", "；").join(tr("rank {r} rows {first}-{last}", "rank {r} 第 {first}-{last} 行", r=rec["rank"],
+                                     first=rec[key]["rows"][0], last=rec[key]["rows"][-1]) for rec in records)
 
     return describe_figure(
-        fig, f"Two panels of {len(records)} bars, one per rank, marking the rows of the 64-row attn.q.weight that the "
-        f"rank holds. FSDP x TP: {held('fsdp_tp', 'rows {}-{}', '; ')}. HSDP: {held('hsdp', 'rows {}-{}', '; ')} "
-        f"(two copies).",
-        f"两幅图，各有 {len(records)} 个条，每个 rank 一条，标出该 rank 持有 64 行的 "
-        "attn.q.weight 中的哪些行。"
-        f"FSDP x TP：{held('fsdp_tp', '第 {}-{} 行', '；')}"
-        f"。HSDP：{held('hsdp', '第 {}-{} 行', '；')}（两份副本）。")
+        fig, "Two panels of {count} bars, one per rank, marking the rows of the 64-row attn.q.weight that the "
+        "rank holds. FSDP x TP: {fsdp_tp}. HSDP: {hsdp} (two copies).",
+        "两幅图，各有 {count} 个条，每个 rank 一条，标出该 rank 持有 64 行的 attn.q.weight 中的哪些行。"
+        "FSDP x TP：{fsdp_tp}。HSDP：{hsdp}（两份副本）。",
+        count=len(records), fsdp_tp=held("fsdp_tp"), hsdp=held("hsdp"))
 
 
 def draw_overlap(record: Mapping[str, Any]) -> Any:
@@ -156,15 +154,14 @@ def draw_overlap(record: Mapping[str, Any]) -> Any:
     bx.set_title(tr("Where the all-reduces ran", "all-reduce 在何时运行"), fontsize=9)
     fig.tight_layout()
     return describe_figure(
-        fig, f"Left: a timeline of one DDP backward on rank 0, blue bars for the autograd nodes computing on the main "
-        f"thread and orange bars for the {len(trace['comm'])} gradient all-reduces on gloo's thread, the first of them "
+        fig, "Left: a timeline of one DDP backward on rank 0, blue bars for the autograd nodes computing on the main "
+        "thread and orange bars for the {count} gradient all-reduces on gloo's thread, the first of them "
         "beside the blue ones. Right: for each bucket_cap_mb, stacked bars of the communication time that ran during "
         "backward (green) and after it (red).",
-        "左：rank 0 上一次 DDP 反向传播的时间线，蓝条是主线程上计算的 autograd "
-        "节点，橙条是 gloo 线程上的 "
-        f"{len(trace['comm'])} 次梯度 all-reduce，其中最先的几次与蓝条并排。右：每种 "
-        "bucket_cap_mb 下，"
-        "堆叠的条形表示在反向传播期间（绿）和之后（红）运行的通信时间。")
+        "左：rank 0 上一次 DDP 反向传播的时间线，蓝条是主线程上计算的 autograd 节点，橙条是 gloo 线程上的 "
+        "{count} 次梯度 all-reduce，其中最先的几次与蓝条并排。右：每种 bucket_cap_mb 下，"
+        "堆叠的条形表示在反向传播期间（绿）和之后（红）运行的通信时间。",
+        count=len(trace["comm"]))
 
 
 def draw_stragglers(records: Sequence[Mapping[str, Any]]) -> Any:
@@ -197,12 +194,10 @@ def draw_stragglers(records: Sequence[Mapping[str, Any]]) -> Any:
                     slow=slow, value=1000 * delay), fontsize=9)
     fig.tight_layout()
     return describe_figure(
-        fig, f"Grouped stacked bars per rank: a step's compute (blue) and time in the all-reduce (orange), without a "
-        f"delay and with rank {slow} sleeping {1000 * delay:.0f} ms per step. With the delay every rank's bar grows "
-        f"by about {1000 * delay:.0f} ms: the slowed rank's in compute, the others' in the all-reduce, "
-        "where they wait.",
-        "每个 rank 一组堆叠条形：一步中的计算（蓝）和在 all-reduce 中的时间（橙），"
-        f"分别是无延迟时和 rank {slow} "
-        f"每步多睡 {1000 * delay:.0f} 毫秒时。有延迟时每个 rank 的条都增长了约 "
-        f"{1000 * delay:.0f} 毫秒："
-        "被减速的 rank 增长在计算上，其他 rank 增长在 all-reduce 中的等待上。")
+        fig, "Grouped stacked bars per rank: a step's compute (blue) and time in the all-reduce (orange), without a "
+        "delay and with rank {slow} sleeping {ms:.0f} ms per step. With the delay every rank's bar grows "
+        "by about {ms:.0f} ms: the slowed rank's in compute, the others' in the all-reduce, where they wait.",
+        "每个 rank 一组堆叠条形：一步中的计算（蓝）和在 all-reduce 中的时间（橙），分别是无延迟时和 rank {slow} "
+        "每步多睡 {ms:.0f} 毫秒时。有延迟时每个 rank 的条都增长了约 {ms:.0f} 毫秒："
+        "被减速的 rank 增长在计算上，其他 rank 增长在 all-reduce 中的等待上。",
+        slow=slow, ms=1000 * delay)

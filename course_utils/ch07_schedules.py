@@ -138,15 +138,14 @@ def draw_schedule(stages: int = 4, microbatches: int = 8, schedule: str = "1F1B"
     fig.tight_layout()
     return describe_figure(
         fig,
-        f"A timeline of the {schedule} pipeline schedule: {stages} rows (stages) of boxes, blue forwards F0 to "
-        f"F{microbatches - 1} and orange backwards, in unit time. Idle fraction {facts['bubble']:.3f}, equal to "
-        f"(p-1)/(m+p-1) = {formula:.3f}; stage 0 holds the activations of at most {facts['peak_in_flight'][0]} "
-        "micro-batches at once.",
-        f"{schedule} 流水线调度的时间线：{stages} 行（阶段）方块，蓝色为前向 F0 到 "
-        f"F{microbatches - 1}，橙色为反向，"
-        f"单位时间。空闲比例 {facts['bubble']:.3f}，等于 (p-1)/(m+p-1) = "
-        f"{formula:.3f}；阶段 0 最多同时持有 "
-        f"{facts['peak_in_flight'][0]} 个微批次的激活。")
+        "A timeline of the {schedule} pipeline schedule: {stages} rows (stages) of boxes, blue forwards F0 to "
+        "F{last} and orange backwards, in unit time. Idle fraction {bubble:.3f}, equal to "
+        "(p-1)/(m+p-1) = {formula:.3f}; stage 0 holds the activations of at most {peak} micro-batches at once.",
+        "{schedule} 流水线调度的时间线：{stages} 行（阶段）方块，蓝色为前向 F0 到 F{last}，橙色为反向，"
+        "单位时间。空闲比例 {bubble:.3f}，等于 (p-1)/(m+p-1) = {formula:.3f}；阶段 0 最多同时持有 "
+        "{peak} 个微批次的激活。",
+        schedule=schedule, stages=stages, last=microbatches - 1, bubble=facts["bubble"], formula=formula,
+        peak=facts["peak_in_flight"][0])
 
 
 def schedule_explorer() -> Any:

@@ -3,8 +3,9 @@ draws Chinese text in the Chinese edition; the colour-blind-safe palette; and ea
 alternative text.
 
 Alternative text is written where a figure is made, in both languages: ``describe_figure(fig, english,
-chinese)``. When Jupyter shows the figure (``plt.show()``, the end of a cell, :func:`show_figure`),
-the text goes into the output's metadata, ``{"image/png": {"alt": ...}}``, where the course's book
+chinese, **fields)``, two templates filled as :func:`~course_utils.i18n.tr` fills them. When Jupyter
+shows the figure (``plt.show()``, the end of a cell, :func:`show_figure`), the text goes into the
+output's metadata, ``{"image/png": {"alt": ...}}``, where the course's book
 (``make book``) reads it into ``<img alt>``; a test fails on a stored image without it.
 """
 
@@ -15,7 +16,7 @@ import importlib.util
 import warnings
 from pathlib import Path
 
-from .i18n import language
+from .i18n import language, tr
 
 #: Fonts with the Simplified Chinese glyphs, in order of preference: the one the course installs
 #: (Noto Sans CJK SC, SIL Open Font License, shipped by the pinned ``mplfonts`` package), then ones
@@ -97,12 +98,15 @@ def pyplot():
     return plt
 
 
-def describe_figure(fig, en: str, zh: str):
-    """Give the figure `fig` its alternative text, in the course's language (``tr(en, zh)``): one or
-    two sentences saying what the figure shows, for a reader who cannot see it. Returns `fig`.
+def describe_figure(fig, en: str, zh: str, /, **fields: object):
+    """Give the figure `fig` its alternative text, in the course's language: one or two sentences saying
+    what the figure shows, for a reader who cannot see it. Returns `fig`.
 
-    Jupyter then stores the text in the metadata of the figure's output, wherever it is shown."""
-    text = " ".join((zh if language() == "zh-CN" else en).split())  # finished texts (f-strings): chosen, not filled
+    With `fields`, `en` and `zh` are templates filled as ``tr(en, zh, **fields)`` fills them, each value
+    computed once (the course's helpers write them so; :func:`~course_utils.i18n.tr`). Without, they are
+    the finished texts (a notebook's two f-strings), and a brace in them is kept as it is. Jupyter then
+    stores the text in the metadata of the figure's output, wherever it is shown."""
+    text = " ".join((tr(en, zh, **fields) if fields else zh if language() == "zh-CN" else en).split())
     if not text:
         raise ValueError("describe_figure() needs the figure's alternative text in both languages, not empty text.")
     if not hasattr(fig, "savefig"):

@@ -115,9 +115,10 @@ def tr(en: str, zh: str, /, **fields: object) -> str:
 def _fill(template: str, fields: dict[str, object]) -> str:
     out: list[str] = []
     last, from_value = "", False  # the last character written, and whether a value (not the template) wrote it
+    # spaced()'s rule, where the Latin side is a value: the template's own text is written as it is
     for text, name, spec, conversion in _FORMATTER.parse(template):
         if text:
-            if from_value and _latin(last) and is_chinese(text[0]):
+            if from_value and _latin_side(last, text[0]) == "left":
                 out.append(" ")
             out.append(text)
             last, from_value = text[-1], False
@@ -127,8 +128,8 @@ def _fill(template: str, fields: dict[str, object]) -> str:
         value = _FORMATTER.format_field(_FORMATTER.convert_field(value, conversion),
                                         _FORMATTER.vformat(spec or "", (), fields))
         if value:
-            if last and (is_chinese(last) and _latin(value[0])
-                         or from_value and _latin(last) and is_chinese(value[0])):
+            side = _latin_side(last, value[0]) if last else None
+            if side == "right" or side == "left" and from_value:
                 out.append(" ")
             out.append(value)
             last, from_value = value[-1], True
@@ -172,12 +173,22 @@ def _latin(c: str) -> bool:
     return c.isascii() and c.isprintable() and not c.isspace()
 
 
+def _latin_side(left: str, right: str) -> str | None:
+    """Where characters `left` and `right` are a Chinese letter and a Latin letter, digit or code, which
+    of them is the Latin one (``"left"`` or ``"right"``): a space goes between them. Else None."""
+    if is_chinese(left) and _latin(right):
+        return "right"
+    if _latin(left) and is_chinese(right):
+        return "left"
+    return None
+
+
 def spaced(*parts: str) -> str:
     """`parts` joined, with a space where a Chinese character meets a Latin letter, a digit or code
     (``x 的梯度是 0.5``, not ``x的梯度是0.5``): for Chinese sentences built around names and values."""
     out = ""
     for part in parts:
-        if out and part and ((is_chinese(out[-1]) and _latin(part[0])) or (_latin(out[-1]) and is_chinese(part[0]))):
+        if out and part and _latin_side(out[-1], part[0]):
             out += " "
         out += part
     return out

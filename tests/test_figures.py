@@ -43,6 +43,19 @@ def test_describe_in_each_language(monkeypatch):
     plt.close("all")
 
 
+def test_describe_fills_templates_with_fields_and_keeps_finished_texts(monkeypatch):
+    fig = pyplot().figure()
+    args = ("{n} bars, the last {v:.2f}", "{n} 个条，最后一个是 {v:.2f}")
+    monkeypatch.setenv("COURSE_LANG", "en")
+    assert alt_text(describe_figure(fig, *args, n=3, v=0.125)) == "3 bars, the last 0.12"
+    assert alt_text(describe_figure(fig, "A dict {'a': 1}.", "一个 dict {'a': 1}。")) == "A dict {'a': 1}."
+    monkeypatch.setenv("COURSE_LANG", "zh")
+    assert alt_text(describe_figure(fig, *args, n=3, v=0.125)) == "3 个条，最后一个是 0.12"
+    with pytest.raises(KeyError):  # a template whose field is not given
+        describe_figure(fig, "{n} bars", "{n} 个条", count=3)
+    pyplot().close("all")
+
+
 def test_describe_refuses_empty_text_and_what_is_not_a_figure(monkeypatch):
     monkeypatch.setenv("COURSE_LANG", "en")
     with pytest.raises(ValueError, match="alternative text"):
