@@ -344,9 +344,9 @@ def test_failure_without_traceback_then_elastic_restart(notebook_mode, capsys, t
 def test_the_rank_that_said_why_is_named_whichever_exited_first(tmp_path, engine):
     """Rank 1 exits first and silently, rank 0 has said why (refuse.py, as train.py refusing a
     checkpoint): 20 launches, half with rank 0 exiting by itself (both codes 2), half with rank 0
-    stopped by the launcher after saying why. The error always names rank 0 and its reason. (6 launches
+    stopped by the launcher after saying why. The error always names rank 0 and its reason. (4 launches
     on torchrun, whose every launch starts fresh interpreters: the same two orders, 8 s a launch.)"""
-    for run in range(20 if engine == "warm" else 6):
+    for run in range(20 if engine == "warm" else 4):
         folder = tmp_path / str(run)
         folder.mkdir()
         stubborn = run % 2

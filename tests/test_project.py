@@ -179,19 +179,21 @@ def test_make_lab_serves_notebooks_on_localhost_with_a_token(tmp_path):
 
 @pytest.mark.slow
 def test_nbval_fails_when_a_stored_output_is_changed(tmp_path):
-    """Strict nbval is a regression test: a hand-edited stored output of 00_start_here fails the suite."""
+    """Strict nbval is a regression test: a hand-edited stored output of 00_start_here fails the suite.
+    (Both copies end with the changed cell: the cells after it would only run again.)"""
     source = ROOT / "notebooks" / "00_start_here.ipynb"
     nb = json.loads(source.read_text())
-    for cell in nb["cells"]:
+    for i, cell in enumerate(nb["cells"]):
         streams = [o for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stdout"]
         if cell["cell_type"] == "code" and streams and "NBVAL_IGNORE_OUTPUT" not in "".join(cell["source"]):
+            del nb["cells"][i + 1:]
+            (tmp_path / "unchanged.ipynb").write_text(json.dumps(nb))
             text = "".join(streams[0]["text"])
             streams[0]["text"] = text.replace("1", "7", 1) if "1" in text else text + "changed\n"
             break
     else:
         pytest.fail("00_start_here.ipynb has no compared stdout output to change")
     (tmp_path / "changed.ipynb").write_text(json.dumps(nb))
-    shutil.copy(source, tmp_path / "unchanged.ipynb")
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir, whatever lies above
     proc = subprocess.run(
