@@ -12,8 +12,9 @@ from course_utils import ROOT
 
 sys.path.insert(0, str(ROOT))
 from tools import slides  # noqa: E402
+from tools.notebook import chapters  # noqa: E402
 
-NOTEBOOKS = slides.notebooks()
+NOTEBOOKS = chapters()
 IDS = [p.name for p in NOTEBOOKS]
 
 

@@ -39,6 +39,17 @@ def chapters(folder: Path = NOTEBOOKS) -> list[Path]:
     return notebooks_in(folder)
 
 
+def named_or_chapters(names: list[str]) -> list[Path] | None:
+    """The notebooks a command names, else every chapter's; None, having said which, where a named
+    notebook does not exist."""
+    paths = [Path(p).resolve() for p in names] or chapters()
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        print("no such notebook: " + ", ".join(missing), file=sys.stderr)
+        return None
+    return paths
+
+
 def dumps(nb: dict) -> str:
     """A notebook as JupyterLab and nbformat store it: indent 1, sorted keys, characters as they are."""
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
@@ -236,10 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--runs", type=int, default=3)
     st.add_argument("notebooks", nargs="*")
     args = parser.parse_args(argv)
-    paths = [Path(p).resolve() for p in args.notebooks] or chapters()
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        print("no such notebook: " + ", ".join(missing), file=sys.stderr)
+    paths = named_or_chapters(args.notebooks)
+    if paths is None:
         return 2
     if args.cmd == "execute":
         for p in paths:

@@ -61,10 +61,7 @@ import struct
 import sys
 from pathlib import Path
 
-from course_utils import ROOT, inventory
-from tools.notebook import dumps
-
-NOTEBOOKS = ROOT / "notebooks"
+from tools.notebook import dumps, named_or_chapters
 
 TALL_OUTPUT_LINES = 25  # rule 4: more output than this starts a screen of its own
 TALL_CELL_LINES = 45  # rule 4: more code and output together than this, too
@@ -249,11 +246,6 @@ def outline(path: Path) -> str:
     return "\n".join(rows)
 
 
-def notebooks() -> list[Path]:
-    """The chapters' notebooks, in order (``course_utils.inventory``)."""
-    return inventory.notebooks_in(NOTEBOOKS)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.slides", description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true",
@@ -261,10 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outline", action="store_true", help="print each notebook's slides and subslides")
     parser.add_argument("notebooks", nargs="*", help="default: every notebook in notebooks/")
     args = parser.parse_args(argv)
-    paths = [Path(p).resolve() for p in args.notebooks] or notebooks()
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        print("no such notebook: " + ", ".join(missing), file=sys.stderr)
+    paths = named_or_chapters(args.notebooks)
+    if paths is None:
         return 2
     if args.outline:
         for p in paths:
