@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils import ROOT
-from tools.notebook import chapters
+from tools.notebook import named_or_chapters
 
 NOTEBOOKS = ROOT / "notebooks"
 GUIDE = ROOT / "docs" / "instructor"
@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 if a shaped chapter's core path overruns its slot or breaks the convention")
     parser.add_argument("notebooks", nargs="*", help="default: every chapter in notebooks/")
     args = parser.parse_args(argv)
-    paths = [Path(p).resolve() for p in args.notebooks] or chapters(NOTEBOOKS)
+    paths = named_or_chapters(args.notebooks)
+    if paths is None:
+        return 2
     print(table(paths))
     if not args.check:
         return 0
