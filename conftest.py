@@ -21,6 +21,12 @@
    ``notebooks/scripts/`` that tests import as ``notebooks.scripts.NAME``) is an error in the unit
    tests, as a new warning is in the notebooks. A test that expects one says so with
    ``pytest.warns``, which sees it all the same.
+6. A test run has a temporary folder of its own (``TMPDIR``, inside /tmp, inherited by the workers,
+   the kernels, the jobs and their logs): a passing run leaves nothing in /tmp, where every launch's
+   logs, every kernel's sockets and every chapter's work folder would otherwise stay; a failing run
+   keeps it and says where, with the logs that its error messages point to. pytest's own ``tmp_path``
+   folders stay where they always are (the three latest runs' are kept). Not in the hub lane, whose
+   servers run as other users.
 """
 
 from __future__ import annotations
@@ -73,7 +79,39 @@ def _start_new_kernel_over_ipc(startup_timeout=60, kernel_name="python", **kwarg
 OWN_MODULES = (r"course_utils(\.|$)", r"tools(\.|$)", r"notebooks\.scripts(\.|$)", r"benchmarks(\.|$)")
 
 
+def _own_temporary_folder(config) -> None:
+    """Give this run a temporary folder of its own (see 6. above); the controller makes it, before the
+    workers start, and they inherit it."""
+    if hasattr(config, "workerinput") or os.name != "posix" or os.environ.get("COURSE_HUB_LANE"):
+        return
+    root = tempfile.gettempdir()
+    folder = tempfile.mkdtemp(prefix="tmp-course-tests-", dir=root)  # "tmp...": nbval_sanitize.cfg
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", root)  # tmp_path: where pytest always puts it
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+    config.stash[_OWN_TMP] = folder
+
+
+_OWN_TMP = pytest.StashKey[str]()
+_KEPT = pytest.StashKey[bool]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """A failing run keeps its temporary folder, and says so before the last line of the summary."""
+    folder = config.stash.get(_OWN_TMP, None)
+    if folder is not None and exitstatus in (pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERNAL_ERROR):
+        config.stash[_KEPT] = True
+        terminalreporter.write_line(f"This run's temporary files (the launch logs that its errors name) "
+                                    f"are kept in {folder}")
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(_OWN_TMP, None)
+    if folder is not None and not config.stash.get(_KEPT, False):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_configure(config):
+    _own_temporary_folder(config)
     for module in OWN_MODULES:
         config.addinivalue_line("filterwarnings", f"error::Warning:{module}")
     if os.name == "nt":  # no Unix sockets for ZeroMQ there: keep nbval's TCP kernels

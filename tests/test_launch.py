@@ -318,3 +318,20 @@ def test_choose_backend_warns_when_a_gpu_node_has_fewer_gpus_than_processes():
     with mock.patch("torch.cuda.is_available", return_value=False), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert choose_backend(2) == "gloo"  # a CPU machine: nothing to warn about
+
+
+@pytest.mark.skipif(not LINUX, reason="a test run's own temporary folder is made on Unix (conftest.py)")
+def test_a_test_runs_launch_logs_stay_in_its_own_temporary_folder(monkeypatch):
+    """conftest.py gives a test run a temporary folder inside /tmp, which a passing run removes: the
+    launches' log folders go there, and read as <tmp> in outputs as the stored ones do."""
+    import tempfile
+
+    from course_utils.launch import api
+
+    own = tempfile.gettempdir()
+    assert own.startswith("/tmp/tmp-course-tests-")
+    assert api._log_root() == own
+    assert sanitize(f"Its full log: {own}/tmpab_c1z/rank1.stderr.log") == "Its full log: <tmp>/rank1.stderr.log"
+    assert sanitize("every rank's logs are in /tmp/tmpab_c1z)") == "every rank's logs are in <tmp>)"
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")  # a learner's TMPDIR elsewhere: logs in /tmp
+    assert api._log_root() == "/tmp"

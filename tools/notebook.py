@@ -69,7 +69,7 @@ def _path_replacements() -> list[tuple[str, str]]:
     return pairs
 
 
-_TMP = re.compile(re.escape(tempfile.gettempdir()) + r"/(tmp|pymp-|torchelastic_)[\w\-]+")
+_TMP = re.compile(re.escape(tempfile.gettempdir()) + r"(?:/(?:tmp|pymp-|torchelastic_)[\w\-]+)+")
 
 
 def relativise(text: str) -> str:

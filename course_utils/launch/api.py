@@ -261,12 +261,22 @@ def torchrun(
                         max(logs.attempts, default=0), attempts, engine=runner.name, command=shown)
 
 
+def _log_root() -> str | None:
+    """Where a job's log folder goes: /tmp, whose paths are short and read the same on every Unix (the
+    stored outputs show them as <tmp>), or the temporary folder where that lies inside /tmp (a test
+    run's own); elsewhere the system's temporary folder."""
+    if not os.path.isdir("/tmp"):
+        return None
+    root = tempfile.gettempdir()
+    return root if root.startswith("/tmp/") else "/tmp"
+
+
 def _job(script: str, nproc: int, args: Sequence[object], base: Path, extra: Mapping[str, str],
          backends: tuple[str, str], max_restarts: int) -> tuple[Job, str]:
     """``torchrun()``'s job (a log folder of its own, the ranks' environment with the chosen backend
     in ``COURSE_BACKEND``) and the terminal command it shows; `backends`: see ``_backends``."""
     backend, default_backend = backends
-    log_dir = Path(tempfile.mkdtemp(dir="/tmp" if os.path.isdir("/tmp") else None))  # (sanitized)
+    log_dir = Path(tempfile.mkdtemp(dir=_log_root()))
     run_env = {**job_env(extra), "COURSE_BACKEND": backend, JOB_VAR: uuid.uuid4().hex}
     argv = tuple(str(a) for a in args)
     shown = command(script, nproc, argv, max_restarts, shown_env(run_env, nproc, backend, default_backend))
