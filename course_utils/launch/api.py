@@ -8,6 +8,7 @@ full run, interrupted and resumed, elastic restarts) and notebook 06 (pitfall 7:
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -261,14 +262,19 @@ def torchrun(
                         max(logs.attempts, default=0), attempts, engine=runner.name, command=shown)
 
 
+# a temporary folder inside /tmp that nbval_sanitize.cfg reads as <tmp> too (a test run's own)
+_READ_AS_TMP = re.compile(r"/tmp(?:/tmp[\w\-]+)+")
+
+
 def _log_root() -> str | None:
     """Where a job's log folder goes: /tmp, whose paths are short and read the same on every Unix (the
-    stored outputs show them as <tmp>), or the temporary folder where that lies inside /tmp (a test
-    run's own); elsewhere the system's temporary folder."""
+    stored outputs show them as <tmp>), or the temporary folder where that lies in /tmp and reads as
+    <tmp> as well (a test run's own, conftest.py; not /tmp/user/1000, say, which pam_tmpdir sets);
+    where there is no /tmp, the system's temporary folder."""
     if not os.path.isdir("/tmp"):
         return None
     root = tempfile.gettempdir()
-    return root if root.startswith("/tmp/") else "/tmp"
+    return root if _READ_AS_TMP.fullmatch(root) else "/tmp"
 
 
 def _job(script: str, nproc: int, args: Sequence[object], base: Path, extra: Mapping[str, str],
