@@ -79,20 +79,25 @@ def _start_new_kernel_over_ipc(startup_timeout=60, kernel_name="python", **kwarg
 OWN_MODULES = (r"course_utils(\.|$)", r"tools(\.|$)", r"notebooks\.scripts(\.|$)", r"benchmarks(\.|$)")
 
 
+_OWN_TMP = pytest.StashKey[str]()
+_KEPT = pytest.StashKey[bool]()
+
+
 def _own_temporary_folder(config) -> None:
     """Give this run a temporary folder of its own (see 6. above); the controller makes it, before the
     workers start, and they inherit it."""
-    if hasattr(config, "workerinput") or os.name != "posix" or os.environ.get("COURSE_HUB_LANE"):
+    if hasattr(config, "workerinput") or not os.path.isdir("/tmp") or os.environ.get("COURSE_HUB_LANE"):
         return
+    from course_utils.launch.api import _log_root
+
     root = tempfile.gettempdir()
-    folder = tempfile.mkdtemp(prefix="tmp-course-tests-", dir=root)  # "tmp...": nbval_sanitize.cfg
+    # where the launches put their logs: /tmp whatever TMPDIR says (/tmp/user/1000, say), or the
+    # folder of the run that started this one (a test's nested pytest), so "/tmp/tmp..." reads as <tmp>
+    # in outputs (nbval_sanitize.cfg) and the launches put their logs in it
+    folder = tempfile.mkdtemp(prefix="tmp-course-tests-", dir=_log_root())
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", root)  # tmp_path: where pytest always puts it
     os.environ["TMPDIR"] = tempfile.tempdir = folder
     config.stash[_OWN_TMP] = folder
-
-
-_OWN_TMP = pytest.StashKey[str]()
-_KEPT = pytest.StashKey[bool]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
