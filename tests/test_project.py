@@ -76,9 +76,12 @@ def test_make_targets_call_the_task_runner():
         assert target in tasks.COMMANDS
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     lanes = [ln for ln in ci if ln.startswith(("make ", "python3 tasks.py"))]
-    assert lanes == ["python3 tasks.py test-pythons --pythons 3.12,3.13 --setup-only >\"$pythons_log\" 2>&1 &",
-                     "make test", "python3 tasks.py test-portable --levels one-core notebooks",
-                     "make test-browser", "make test-book", "make test-spawn", "make test-slurm",
+    # (the one-core run beside the book lane on two cores or more, else one after the other)
+    assert lanes == ["python3 tasks.py test-pythons --pythons 3.12,3.13 --setup-only >\"$logs/pythons\" 2>&1 &",
+                     "make test", "make test-browser",
+                     "python3 tasks.py test-portable --levels one-core notebooks >\"$logs/one-core\" 2>&1 &",
+                     "make test-book", "python3 tasks.py test-portable --levels one-core notebooks",
+                     "make test-book", "make test-spawn", "make test-slurm",
                      'python3 tasks.py test-pythons --pythons 3.13 --level default -m "not slow" tests notebooks',
                      'python3 tasks.py test-pythons --pythons 3.12 --level avx2 -m "not slow" tests notebooks',
                      "make test-hub"]
