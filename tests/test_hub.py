@@ -124,6 +124,24 @@ def test_a_room_password_is_easy_to_write_on_a_board():
 def test_stopping_processes_refuses_a_system_account():
     with pytest.raises(ValueError, match="system account"):
         R.stop_processes(0)
+    with pytest.raises(ValueError, match="system account"):
+        R.remove_temporary_files(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="gives files to another uid: root")
+def test_a_removed_learners_files_in_tmp_go_and_no_one_elses(tmp_path):
+    learner, other = 61001, 61002  # numbers no account has here
+    (tmp_path / "torchinductor_course-ada").mkdir()
+    (tmp_path / "torchinductor_course-ada" / "cache").write_text("x")
+    (tmp_path / "kernel-notes.txt").write_text("x")
+    (tmp_path / "someone-elses").mkdir()
+    (tmp_path / "mine.txt").write_text("x")
+    for name in ("torchinductor_course-ada", "torchinductor_course-ada/cache", "kernel-notes.txt"):
+        os.chown(tmp_path / name, learner, learner)
+    os.chown(tmp_path / "someone-elses", other, other)
+    removed = R.remove_temporary_files(learner, str(tmp_path))
+    assert removed == ["kernel-notes.txt", "torchinductor_course-ada"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "someone-elses"]
 
 
 # --- the sign-in rules (RoomAuthenticator) ------------------------------------------------------

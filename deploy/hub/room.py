@@ -297,7 +297,8 @@ def ensure_account(account: str, group: str = GROUP, home_base: str = "/home") -
 
 
 def remove_account(account: str, group: str = GROUP) -> bool:
-    """Delete a learner's account and its home (only an account in `group`). Returns whether it existed."""
+    """Delete a learner's account, its home and its files in /tmp (only an account in `group`). Returns
+    whether it existed."""
     try:
         entry = pwd.getpwnam(account)
     except KeyError:
@@ -308,8 +309,29 @@ def remove_account(account: str, group: str = GROUP) -> bool:
     home = Path(entry.pw_dir)
     if home.is_dir() and home.stat().st_uid == entry.pw_uid:  # their home, with its copy of the course
         shutil.rmtree(home)
+    remove_temporary_files(entry.pw_uid)
     _run(["userdel", account])
     return True
+
+
+def remove_temporary_files(uid: int, folder: str = "/tmp") -> list[str]:
+    """Remove the entries of `folder` that `uid` owns (PyTorch's ``torchinductor_<name>`` folder, what a
+    kernel left there): userdel leaves them, owned by a number that the next account made may be given.
+    Returns their names."""
+    if uid < MIN_UID:
+        raise ValueError(f"uid {uid} is a system account's; refusing to remove its files")
+    removed = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.name)
+    return sorted(removed)
 
 
 def processes_of(uid: int) -> list[int]:
