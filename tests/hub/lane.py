@@ -190,8 +190,13 @@ class Lane:
             except Exception as exc:
                 problems.append(f"removing {name}: {exc}")
 
+        uids = {e.pw_uid for e in self.accounts()}
         with concurrent.futures.ThreadPoolExecutor(4) as pool:  # each home holds a copy of the course
             list(pool.map(remove, [e.pw_name for e in self.accounts()]))
+        with os.scandir("/tmp") as entries:  # what the learners' kernels left there goes with them
+            left = sorted(e.name for e in entries if e.stat(follow_symlinks=False).st_uid in uids)
+        if left:
+            problems.append(f"left in /tmp by the removed accounts: {', '.join(left)}")
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             subprocess.run(["groupdel", self.group], capture_output=True, timeout=60)
         for folder, mode in self.granted.items():
