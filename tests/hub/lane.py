@@ -190,11 +190,10 @@ class Lane:
             except Exception as exc:
                 problems.append(f"removing {name}: {exc}")
 
-        uids = {e.pw_uid for e in self.accounts()}
+        accounts = self.accounts()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:  # each home holds a copy of the course
-            list(pool.map(remove, [e.pw_name for e in self.accounts()]))
-        with os.scandir("/tmp") as entries:  # what the learners' kernels left there goes with them
-            left = sorted(e.name for e in entries if e.stat(follow_symlinks=False).st_uid in uids)
+            list(pool.map(remove, [e.pw_name for e in accounts]))
+        left = _owned_in_tmp({e.pw_uid for e in accounts})  # what their kernels left there goes with them
         if left:
             problems.append(f"left in /tmp by the removed accounts: {', '.join(left)}")
         with contextlib.suppress(subprocess.SubprocessError, OSError):
@@ -206,6 +205,18 @@ class Lane:
                 problems.append(f"putting back the mode of {folder}: {exc}")
         self.granted.clear()
         return problems
+
+
+def _owned_in_tmp(uids: set[int]) -> list[str]:
+    """The names of the entries of /tmp that one of `uids` owns (an entry that goes while this looks is
+    not one: the check above must not stop the rest of the clean-up)."""
+    left = []
+    with os.scandir("/tmp") as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid in uids:
+                    left.append(entry.name)
+    return sorted(left)
 
 
 def pss_by_account(lane: Lane) -> dict[str, int]:
