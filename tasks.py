@@ -477,7 +477,8 @@ def cmd_lab(argv, notebooks=NOTEBOOKS):
     if os.environ.get("JUPYTER_TOKEN", None) == "":
         die("JUPYTER_TOKEN is set but empty; unset it so Jupyter makes a token for you.")
     own_dir = any(a.startswith(("--notebook-dir", "--ServerApp.root_dir")) for a in argv)
-    args = [str(py), "-m", "jupyter", "lab"] + ([] if own_dir else ["--notebook-dir=" + str(notebooks)]) + [
+    # `jupyter lab`, with a fix to how it stops (course_utils/lab.py)
+    args = [str(py), "-m", "course_utils.lab"] + ([] if own_dir else ["--notebook-dir=" + str(notebooks)]) + [
             "--ServerApp.ip=127.0.0.1",
             # offline by design: no news feed, no update check (both are requests to the internet)
             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
