@@ -52,3 +52,21 @@ def _torch_imported():
     # lane whose venv has no torch: the book's)
     if importlib.util.find_spec("torch") is not None:
         import course_utils.dist  # noqa: F401
+
+
+@pytest.fixture
+def chapter_07_imports(monkeypatch):
+    """The launcher's warm server imports chapter 07's modules (DTensor, pipelining...: seconds) once, as the
+    notebook asks it to, instead of both ranks of every job its scripts run."""
+    from course_utils.ch07_parallelism import CHAPTER_IMPORTS
+    from course_utils.launch import WARM_IMPORTS_VAR
+
+    monkeypatch.setenv(WARM_IMPORTS_VAR, ",".join(CHAPTER_IMPORTS))
+
+
+@pytest.fixture(autouse=True)
+def _chapter_07_checks_on_warm_imports(request):
+    """Chapter 07's exercises run their answers on ranks (test_exercises.py, test_exercise_simulation.py:
+    their ids start "ch07-"): with the chapter's imports, as in the notebook."""
+    if "[ch07-" in request.node.name:
+        request.getfixturevalue("chapter_07_imports")

@@ -268,11 +268,8 @@ def test_draw_schedule_says_the_formula_it_met():
 
 
 @pytest.fixture(autouse=True)
-def _chapter_imports(monkeypatch):
+def _chapter_imports(chapter_07_imports):
     """The launcher's warm server imports the chapter's modules once, as the notebook asks it to."""
-    from course_utils.launch import WARM_IMPORTS_VAR
-
-    monkeypatch.setenv(WARM_IMPORTS_VAR, ",".join(ch07.CHAPTER_IMPORTS))
 
 
 def _run(script, nproc, tmp_path, *args, timeout=300):

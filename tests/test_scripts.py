@@ -53,11 +53,8 @@ def test_train_refusing_a_changed_configuration_shows_why_every_time(tmp_path, e
     ("mesh_2d.py", 3, [], "error: the meshes are 2 x 2 on 4 ranks (1 x 2 on 2, 1 x 1 on 1); 3 ranks do not form one."),
     ("stragglers.py", 2, ["--slow-rank", "2"], "error: --slow-rank 2 is not a rank of this job (0 to 1)."),
 ])
-def test_chapter_07_scripts_refuse_a_job_they_cannot_split_once_and_clearly(script, nproc, args, said, monkeypatch):
-    from course_utils.ch07_parallelism import CHAPTER_IMPORTS
-    from course_utils.launch import WARM_IMPORTS_VAR
-
-    monkeypatch.setenv(WARM_IMPORTS_VAR, ",".join(CHAPTER_IMPORTS))
+def test_chapter_07_scripts_refuse_a_job_they_cannot_split_once_and_clearly(script, nproc, args, said,
+                                                                            chapter_07_imports):
     with pytest.raises(LaunchError) as info:
         torchrun(SCRIPTS / script, nproc=nproc, args=args, timeout=240, backend="gloo", show=False)
     assert [text.count(said) for text in info.value.logs] == [1] + [0] * (nproc - 1)
