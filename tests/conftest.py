@@ -1,4 +1,5 @@
-"""Fixtures of the launcher's tests (test_launch*.py; their helpers are in launch_support.py)."""
+"""Fixtures of the launcher's tests (test_launch*.py; their helpers are in launch_support.py), and of the
+tests that run chapter 07's scripts on ranks."""
 
 from __future__ import annotations
 
