@@ -173,13 +173,17 @@ def main() -> None:
            f"{1000 * slowed['step']:5.1f} ms (compute {1000 * slowed['compute']:5.1f} ms, in all_reduce "
            f"{1000 * slowed['allreduce']:5.1f} ms)")
 
-    # 2. The profiler's view of one slowed step: how long each rank's all-reduce took.
+    # 2. The profiler's view of the slowed steps: how long each rank's all-reduce took, per step. The median
+    #    over --steps steps, as for the timings: one step alone can be off by a pause of the machine (a
+    #    rank descheduled for a while on a loaded CPU waits that much less in the all-reduce).
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        dist.barrier()  # the step starts together (a profiler can take long to start on a loaded machine)
-        step(model, x, args.delay if r == slow else 0.0, dev)
-    in_collective = sum(e.time_range.elapsed_us() for e in prof.events()
-                        if e.name.startswith(("gloo:all_reduce", "nccl:all_reduce"))) / 1000
-    record["profiler_allreduce_ms"] = in_collective
+        dist.barrier()  # the steps start together (a profiler can take long to start on a loaded machine)
+        for _ in range(args.steps):
+            step(model, x, args.delay if r == slow else 0.0, dev)
+    per_step = [e.time_range.elapsed_us() / 1000 for e in prof.events()
+                if e.name.startswith(("gloo:all_reduce", "nccl:all_reduce"))]
+    record["profiler_allreduce_ms"] = statistics.median(per_step)
+    record["profiler_allreduce_steps_ms"] = per_step
     if ctx.backend == "nccl":
         rprint("nccl: profiler_allreduce_ms is the CPU's time in nccl:all_reduce, the enqueue only, not the GPU's "
                "all-reduce or its wait for the slow rank (a trace with ProfilerActivity.CUDA shows those)")
