@@ -27,6 +27,12 @@
    keeps it and says where, with the logs that its error messages point to. pytest's own ``tmp_path``
    folders stay where they always are (the three latest runs' are kept). Not in the hub lane, whose
    servers run as other users.
+7. On Python 3.12 and later, ``os.fork()`` warns (``DeprecationWarning``) in a process that has more
+   than one thread. A pytest-xdist worker always has two (the second carries its messages to the
+   controller), so every DataLoader with workers that a test starts there (fork is Linux's default, the
+   one the chapters teach) would warn, where the same test run alone in one process does not. That one
+   warning is ignored in the workers only: a test run without xdist still shows it if the course's own
+   code starts a thread before it forks.
 """
 
 from __future__ import annotations
@@ -119,6 +125,9 @@ def pytest_configure(config):
     _own_temporary_folder(config)
     for module in OWN_MODULES:
         config.addinivalue_line("filterwarnings", f"error::Warning:{module}")
+    if hasattr(config, "workerinput"):  # see 7. above
+        config.addinivalue_line("filterwarnings", r"ignore:This process \(pid=\d+\) is multi-threaded, use of "
+                                                  r"fork\(\) may lead to deadlocks:DeprecationWarning")
     if os.name == "nt":  # no Unix sockets for ZeroMQ there: keep nbval's TCP kernels
         return
     try:
