@@ -63,11 +63,3 @@ def chapter_07_imports(monkeypatch):
     from course_utils.launch import WARM_IMPORTS_VAR
 
     monkeypatch.setenv(WARM_IMPORTS_VAR, ",".join(CHAPTER_IMPORTS))
-
-
-@pytest.fixture(autouse=True)
-def _chapter_07_checks_on_warm_imports(request):
-    """Chapter 07's exercises run their answers on ranks (test_exercises.py, test_exercise_simulation.py:
-    their ids start "ch07-"): with the chapter's imports, as in the notebook."""
-    if "[ch07-" in request.node.name:
-        request.getfixturevalue("chapter_07_imports")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import ROOT
-from ..ch07_parallelism import Q3_LENGTHS, plan_to_spec, random_batches
+from ..ch07_parallelism import CHAPTER_IMPORTS, Q3_LENGTHS, plan_to_spec, random_batches
 from ..i18n import tr
 from .core import Exercise, Incorrect, as_ints, as_number, take, variant
 
@@ -20,8 +20,10 @@ _RESULTS: dict[tuple[str, str], dict] = {}  # (script, the answer as JSON) -> wh
 
 def _run_on_ranks(script: str, stem: str, answers: list[Any], wrap=lambda items: items) -> None:
     """Run every answer of `answers` (JSON data) not yet run, in ONE job of 2 ranks of `script`
-    (``--plans FILE --out DIR``), and keep what rank 0 reported for each."""
-    from ..launch import LaunchError, torchrun
+    (``--plans FILE --out DIR``), and keep what rank 0 reported for each. The job runs on the launcher's
+    warm server that has imported the chapter's modules, as the notebook's first cell asks for (the
+    same server, when that cell ran; else one started here, as the notebook's would be)."""
+    from ..launch import WARM_IMPORTS_VAR, LaunchError, torchrun
 
     todo = []
     for a in answers:
@@ -35,7 +37,8 @@ def _run_on_ranks(script: str, stem: str, answers: list[Any], wrap=lambda items:
         plans.write_text(json.dumps(wrap(todo)))
         try:
             torchrun(SCRIPTS / script, nproc=2, args=["--plans", plans, "--out", folder], timeout=LAUNCH_TIMEOUT_S,
-                     backend="gloo", show=False, cwd=ROOT / "notebooks")
+                     backend="gloo", show=False, cwd=ROOT / "notebooks",
+                     env={WARM_IMPORTS_VAR: ",".join(CHAPTER_IMPORTS)})
         except LaunchError as exc:
             raise Incorrect(tr("the check could not run on 2 ranks: {value}", "检查无法在 2 个 rank 上运行：{value}",
                                value=exc.error or exc)) from None
