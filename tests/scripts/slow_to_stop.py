@@ -16,7 +16,7 @@ def save_then_exit(signum, frame):
 signal.signal(signal.SIGTERM, save_then_exit)
 rank = int(os.environ["RANK"])
 out = Path(os.environ["HANG_PID_DIR"])
+print(f"rank {rank} working", flush=True)  # before the pid file, which tells the test to interrupt the job
 (out / f"rank{rank}.tmp").write_text(f"{os.getpid()}")
 os.replace(out / f"rank{rank}.tmp", out / f"rank{rank}.pid")
-print(f"rank {rank} working", flush=True)
 time.sleep(600)
