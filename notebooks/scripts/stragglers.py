@@ -155,6 +155,9 @@ def main() -> None:
     # monitored_barrier is gloo's: with nccl it runs on a gloo group of its own. Made now, while every
     # rank is here (making a group is itself a collective).
     monitor = dist.new_group(backend="gloo") if n > 1 else None
+    # A group of its own for staging the hang below: the flight recorder then sees only the training's
+    # collectives on the default group.
+    gate = dist.new_group(backend="gloo") if n > 1 else None
     model = make(dev)
     if args.plans is not None:
         results = run_plans(args.plans, model, r, n, dev)
@@ -193,18 +196,23 @@ def main() -> None:
     found_timings = max(range(n), key=computes.__getitem__)
     # (b) monitored_barrier: rank 0 waits for each rank in turn and names those that do not arrive in time.
     #     It finds a rank that is stuck or desynchronised (never reaches the barrier), not a slow one: a rank
-    #     that arrives late but within the timeout passes. So the scene is staged: the slow rank sleeps well
-    #     past a short timeout, as a hung rank would.
+    #     that arrives late but within the timeout passes. So the scene is staged: the slow rank comes to the
+    #     barrier only once the others have left it, rank 0 having given up on it after a short timeout, as
+    #     a hung rank would. (An event, not a sleep: however long a busy machine pauses rank 0, the slow
+    #     rank cannot arrive in time.)
+    #     Rank 0 is the one that reports: with --slow-rank 0 the scene is not staged (named stays None).
     named = None
-    if monitor is not None:
+    if monitor is not None and slow != 0:
         if r == slow:
-            time.sleep(max(0.8, 3 * args.delay))  # well past the timeout below
+            dist.barrier(group=gate)  # until the others are past the monitored barrier
         try:
             with quiet_native_stderr():  # (gloo also logs the report on stderr; rank 0 prints it below)
                 dist.monitored_barrier(group=monitor, timeout=datetime.timedelta(seconds=0.3), wait_all_ranks=True)
         except RuntimeError as exc:  # rank 0: the report; the late rank: its peer gave up on it
             if r == 0:
                 named = str(exc).splitlines()[0]
+        if r != slow:
+            dist.barrier(group=gate)  # lets the slow rank come
         dist.barrier()  # (on the default group: the monitor's is closed after a timeout)
     # (c) The flight recorder: for each collective that some rank waited for (the ranks called it more
     #     than half the delay apart), which rank called it last. The times are each host's clock: comparing
