@@ -22,6 +22,8 @@ from course_utils.i18n import speaking
 from course_utils.launch import torchrun
 
 SCRIPTS = ROOT / "notebooks" / "scripts"
+# the launcher's warm server imports the chapter's modules once, as the notebook asks it to
+pytestmark = pytest.mark.usefixtures("chapter_07_imports")
 
 
 # ----------------------------------------------------------------------------- formulas and schedules
@@ -265,11 +267,6 @@ def test_draw_schedule_says_the_formula_it_met():
 
 
 # ----------------------------------------------------------------------------- the scripts, for real
-
-
-@pytest.fixture(autouse=True)
-def _chapter_imports(chapter_07_imports):
-    """The launcher's warm server imports the chapter's modules once, as the notebook asks it to."""
 
 
 def _run(script, nproc, tmp_path, *args, timeout=300):
